@@ -1,0 +1,54 @@
+"""The exception hierarchy: every error varstore raises derives from `VarstoreError`.
+
+Subclasses also derive from the matching built-in (IndexError, TypeError, ...)
+so code written for sequences and files keeps working.
+"""
+
+from __future__ import annotations
+
+
+class VarstoreError(Exception):
+    """Root of every error varstore raises; `path` names the file concerned, if any."""
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(f"{path}: {message}" if path else message)
+        self.path = path
+
+
+class FormatError(VarstoreError):
+    """A file is not a varstore file, has an unsupported version, or its structure is invalid."""
+
+
+class CorruptRecordError(VarstoreError):
+    """A record fails its checksum, its offsets are invalid, or its bytes do not decode.
+
+    `records` lists the indices of the damaged records that were found.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, records: list[int] | None = None) -> None:
+        super().__init__(message, path=path)
+        self.records = records or []
+
+
+class MissingFileError(VarstoreError, FileNotFoundError):
+    """A shard, index, data file or manifest that should exist does not."""
+
+
+class ShardExistsError(VarstoreError, FileExistsError):
+    """A writer would replace an existing shard or dataset and was not asked to."""
+
+
+class StorageError(VarstoreError):
+    """The operating system failed a read, write, fsync or rename (disk full, I/O error, ...)."""
+
+
+class RecordTypeError(VarstoreError, TypeError):
+    """A record, codec or dtype does not fit what the shard stores."""
+
+
+class RecordIndexError(VarstoreError, IndexError):
+    """A record index is out of range."""
+
+
+class ClosedError(VarstoreError, ValueError):
+    """A reader or writer was used after it was closed."""

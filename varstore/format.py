@@ -1,0 +1,188 @@
+"""The bytes of a shard on disk: the index header, its sections and how to validate them.
+
+A shard is two files. ``NAME.data`` holds the record payloads back to back and
+nothing else. ``NAME.index`` describes them::
+
+    [0, 64)                   header (fields below, little-endian)
+    [64, 64 + M)              metadata: a UTF-8 JSON object, M = metadata_size bytes
+    zero bytes up to the next multiple of 8: offsets_start
+    [offsets_start, +8(N+1))  N + 1 uint64 offsets; record i is data[offsets[i]:offsets[i+1]]
+    [.., +4N)                 N uint32 CRC32C record checksums, present when flag bit 0 is set
+
+Header fields, in order: magic (8 bytes), major version (u16), minor version
+(u16), codec (u8), reserved (u8, zero), flags (u16), record count N (u64), data
+size (u64), metadata size M (u64), CRC32C of the whole data file (u32), CRC32C of
+its first and last 4096 bytes (u32), CRC32C of index bytes [64, end) (u32), 8
+reserved zero bytes, CRC32C of header bytes [0, 60) (u32).
+
+``spec/FORMAT.md`` is the normative text; this module is its executable form.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from .checksum import crc32c
+from .errors import FormatError
+
+MAGIC = b"\x89VSI\r\n\x1a\n"
+MAJOR_VERSION = 1
+MINOR_VERSION = 0
+HEADER_SIZE = 64
+OFFSET_SIZE = 8
+CHECKSUM_SIZE = 4
+FLAG_RECORD_CHECKSUMS = 1
+KNOWN_FLAGS = FLAG_RECORD_CHECKSUMS
+MAX_METADATA_SIZE = 16 << 20
+MAX_DATA_SIZE = (1 << 63) - 1
+EDGE_SIZE = 4096
+
+DATA_SUFFIX = ".data"
+INDEX_SUFFIX = ".index"
+
+
+
+def shard_paths(prefix: str) -> tuple[str, str]:
+    """The (data, index) file paths of the shard named `prefix`."""
+    return prefix + DATA_SUFFIX, prefix + INDEX_SUFFIX
+
+
+_HEADER = struct.Struct("<8sHHBBHQQQIII8sI")
+assert _HEADER.size == HEADER_SIZE
+
+
+@dataclass(frozen=True)
+class Header:
+    """The fixed-size fields at the start of an index file."""
+
+    codec_id: int
+    flags: int
+    record_count: int
+    data_size: int
+    metadata_size: int
+    data_crc32c: int
+    data_edge_crc32c: int
+    body_crc32c: int
+    minor_version: int = MINOR_VERSION
+
+    @property
+    def has_record_checksums(self) -> bool:
+        return bool(self.flags & FLAG_RECORD_CHECKSUMS)
+
+    @property
+    def offsets_start(self) -> int:
+        return align8(HEADER_SIZE + self.metadata_size)
+
+    @property
+    def checksums_start(self) -> int:
+        return self.offsets_start + OFFSET_SIZE * (self.record_count + 1)
+
+    @property
+    def index_size(self) -> int:
+        """The exact size the index file must have."""
+        return self.checksums_start + (CHECKSUM_SIZE * self.record_count if self.has_record_checksums else 0)
+
+    def pack(self) -> bytes:
+        without_crc = _HEADER.pack(
+            MAGIC,
+            MAJOR_VERSION,
+            self.minor_version,
+            self.codec_id,
+            0,
+            self.flags,
+            self.record_count,
+            self.data_size,
+            self.metadata_size,
+            self.data_crc32c,
+            self.data_edge_crc32c,
+            self.body_crc32c,
+            bytes(8),
+            0,
+        )
+        return without_crc[:60] + struct.pack("<I", crc32c(without_crc[:60]))
+
+
+def align8(position: int) -> int:
+    return (position + 7) & ~7
+
+
+def unpack_header(raw: bytes, *, index_size: int, path: str) -> Header:
+    """Parse and validate a header against the size of the index file it came from.
+
+    Every check a reader must make before trusting any other byte of the file
+    is here, in the order the spec lists them.
+    """
+    if len(raw) < HEADER_SIZE:
+        raise FormatError(f"index file is {len(raw)} bytes, shorter than the {HEADER_SIZE}-byte header", path=path)
+    (magic, major, minor, codec_id, reserved_byte, flags, record_count, data_size, metadata_size,
+     data_crc, edge_crc, body_crc, reserved, header_crc) = _HEADER.unpack_from(raw)
+    if magic != MAGIC:
+        raise FormatError(f"not a varstore index: magic is {magic!r}, expected {MAGIC!r}", path=path)
+    if major != MAJOR_VERSION:
+        raise FormatError(f"format version {major}.{minor} is not supported; this reader reads {MAJOR_VERSION}.x", path=path)
+    actual_crc = crc32c(raw[:60])
+    if header_crc != actual_crc:
+        raise FormatError(f"header checksum is {header_crc:#010x}, computed {actual_crc:#010x}: the header is damaged", path=path)
+    if reserved_byte != 0 or reserved != bytes(8):
+        raise FormatError("reserved header bytes are not zero", path=path)
+    if flags & ~KNOWN_FLAGS:
+        raise FormatError(f"unknown flags {flags:#06x}; this reader knows {KNOWN_FLAGS:#06x}", path=path)
+    if metadata_size > MAX_METADATA_SIZE:
+        raise FormatError(f"metadata size {metadata_size} exceeds the limit of {MAX_METADATA_SIZE} bytes", path=path)
+    if data_size > MAX_DATA_SIZE:
+        raise FormatError(f"data size {data_size} exceeds the limit of {MAX_DATA_SIZE} bytes", path=path)
+    per_record = OFFSET_SIZE + (CHECKSUM_SIZE if flags & FLAG_RECORD_CHECKSUMS else 0)
+    room = index_size - align8(HEADER_SIZE + metadata_size) - OFFSET_SIZE
+    if room < 0 or record_count > room // per_record:
+        raise FormatError(
+            f"header claims {record_count} records but the {index_size}-byte index file cannot hold them", path=path
+        )
+    header = Header(codec_id, flags, record_count, data_size, metadata_size, data_crc, edge_crc, body_crc, minor)
+    if header.index_size != index_size:
+        raise FormatError(
+            f"index file is {index_size} bytes, expected {header.index_size} for {record_count} records", path=path
+        )
+    return header
+
+
+def edge_crc32c(data: bytes | memoryview, size: int) -> int:
+    """CRC32C of the data file's first EDGE_SIZE bytes followed by its last EDGE_SIZE bytes.
+
+    Cheap enough to check at open, it catches a data file paired with the wrong index.
+    """
+    view = memoryview(data)
+    head = view[: min(EDGE_SIZE, size)]
+    tail = view[max(0, size - EDGE_SIZE) : size]
+    return crc32c(tail, crc32c(head))
+
+
+def encode_metadata(codec_params: dict[str, Any], user: dict[str, Any]) -> bytes:
+    """The metadata block: canonical JSON, so equal inputs give equal bytes."""
+    try:
+        text = json.dumps(
+            {"codec": codec_params, "user": user}, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+            allow_nan=False,
+        )
+    except (TypeError, ValueError) as error:
+        raise FormatError(f"metadata must be JSON-serialisable: {error}") from None
+    raw = text.encode("utf-8")
+    if len(raw) > MAX_METADATA_SIZE:
+        raise FormatError(f"metadata is {len(raw)} bytes, over the limit of {MAX_METADATA_SIZE}")
+    return raw
+
+
+def decode_metadata(raw: bytes, *, path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Parse a metadata block into (codec parameters, user metadata)."""
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as error:
+        raise FormatError(f"metadata is not valid UTF-8 JSON: {error}", path=path) from None
+    if not isinstance(value, dict):
+        raise FormatError(f"metadata must be a JSON object, found {type(value).__name__}", path=path)
+    codec_params, user = value.get("codec"), value.get("user")
+    if not isinstance(codec_params, dict) or not isinstance(user, dict):
+        raise FormatError('metadata must hold the objects "codec" and "user"', path=path)
+    return codec_params, user

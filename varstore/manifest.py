@@ -1,0 +1,170 @@
+"""The dataset manifest: ``DIR/manifest.json`` lists a dataset's shards, written last and atomically.
+
+It holds the format name and version, the codec shared by every shard, user
+metadata, and per shard its file name, record count, file sizes and checksums.
+Shard names are plain file names inside the dataset directory; nothing in a
+manifest can point outside it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from . import format as fmt
+from .checksum import crc32c
+from .errors import FormatError, MissingFileError, StorageError
+from .storage import fsync_directory, remove_quietly, storage_error, temporary_path, write_all
+
+MANIFEST_NAME = "manifest.json"
+MANIFEST_FORMAT = "varstore-dataset"
+MANIFEST_VERSION = 1
+MAX_MANIFEST_SIZE = 64 << 20
+_SHARD_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,199}")
+_U32 = 1 << 32
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    """What the manifest records of one shard: enough to detect a missing, truncated or swapped file."""
+
+    name: str
+    records: int
+    data_size: int
+    index_size: int
+    index_crc32c: int
+    data_crc32c: int
+
+
+@dataclass(frozen=True)
+class Manifest:
+    codec: str
+    codec_params: dict[str, Any]
+    metadata: dict[str, Any]
+    shards: list[ShardEntry] = field(default_factory=list)
+
+    def encode(self) -> bytes:
+        document = {
+            "format": MANIFEST_FORMAT,
+            "version": MANIFEST_VERSION,
+            "codec": {"name": self.codec, "params": self.codec_params},
+            "metadata": self.metadata,
+            "shards": [asdict(entry) for entry in self.shards],
+        }
+        try:
+            text = json.dumps(document, sort_keys=True, indent=1, ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError) as error:
+            raise FormatError(f"metadata must be JSON-serialisable: {error}") from None
+        return (text + "\n").encode("utf-8")
+
+
+def is_valid_shard_name(name: Any) -> bool:
+    return isinstance(name, str) and _SHARD_NAME.fullmatch(name) is not None and ".varstore-tmp-" not in name
+
+
+def _require_int(value: Any, low: int, high: int, what: str, path: str) -> int:
+    if type(value) is not int or not low <= value < high:
+        raise FormatError(f"{what} must be an integer in [{low}, {high}), found {value!r}", path=path)
+    return value
+
+
+def decode_manifest(raw: bytes, *, path: str) -> Manifest:
+    """Parse and validate a manifest; every field is checked before any is trusted."""
+    try:
+        document = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as error:
+        raise FormatError(f"manifest is not valid UTF-8 JSON: {error}", path=path) from None
+    if not isinstance(document, dict) or document.get("format") != MANIFEST_FORMAT:
+        raise FormatError(f'not a varstore manifest: expected "format": "{MANIFEST_FORMAT}"', path=path)
+    if document.get("version") != MANIFEST_VERSION:
+        raise FormatError(f"manifest version {document.get('version')!r} is not supported; expected {MANIFEST_VERSION}", path=path)
+    codec, metadata, shards = document.get("codec"), document.get("metadata"), document.get("shards")
+    if not isinstance(codec, dict) or not isinstance(codec.get("name"), str) or not isinstance(codec.get("params"), dict):
+        raise FormatError('manifest "codec" must be {"name": str, "params": object}', path=path)
+    if not isinstance(metadata, dict) or not isinstance(shards, list):
+        raise FormatError('manifest needs a "metadata" object and a "shards" list', path=path)
+    entries, names, total = [], set(), 0
+    for position, item in enumerate(shards):
+        if not isinstance(item, dict):
+            raise FormatError(f"shard entry {position} is not an object", path=path)
+        name = item.get("name")
+        if not is_valid_shard_name(name):
+            raise FormatError(f"shard entry {position} has name {name!r}: names must be plain file names", path=path)
+        if name in names:
+            raise FormatError(f"shard {name!r} is listed twice", path=path)
+        names.add(name)
+        entry = ShardEntry(
+            name=name,
+            records=_require_int(item.get("records"), 0, 1 << 63, f"shard {name!r} records", path),
+            data_size=_require_int(item.get("data_size"), 0, 1 << 63, f"shard {name!r} data_size", path),
+            index_size=_require_int(item.get("index_size"), fmt.HEADER_SIZE, 1 << 63, f"shard {name!r} index_size", path),
+            index_crc32c=_require_int(item.get("index_crc32c"), 0, _U32, f"shard {name!r} index_crc32c", path),
+            data_crc32c=_require_int(item.get("data_crc32c"), 0, _U32, f"shard {name!r} data_crc32c", path),
+        )
+        total += entry.records
+        if total >= 1 << 63:
+            raise FormatError("the shards hold more than 2**63 - 1 records in total", path=path)
+        entries.append(entry)
+    return Manifest(codec["name"], codec["params"], metadata, entries)
+
+
+def read_manifest(directory: str) -> Manifest:
+    path = os.path.join(directory, MANIFEST_NAME)
+    try:
+        with open(path, "rb") as file:
+            raw = file.read(MAX_MANIFEST_SIZE + 1)
+    except FileNotFoundError:
+        raise MissingFileError(f"no {MANIFEST_NAME}: not a varstore dataset, or its writer did not finish", path=directory) from None
+    except OSError as error:
+        raise storage_error(error, "reading the manifest") from None
+    if len(raw) > MAX_MANIFEST_SIZE:
+        raise FormatError(f"manifest exceeds the limit of {MAX_MANIFEST_SIZE} bytes", path=path)
+    return decode_manifest(raw, path=path)
+
+
+def write_manifest_file(directory: str, manifest: Manifest) -> None:
+    """Commit `manifest` atomically: temporary file, fsync, rename, fsync the directory."""
+    final = os.path.join(directory, MANIFEST_NAME)
+    temporary = temporary_path(final)
+    raw = manifest.encode()
+    if len(raw) > MAX_MANIFEST_SIZE:
+        raise FormatError(f"manifest of {len(manifest.shards)} shards exceeds {MAX_MANIFEST_SIZE} bytes", path=final)
+    try:
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            write_all(fd, raw)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temporary, final)
+        fsync_directory(directory)
+    except OSError as error:
+        remove_quietly([temporary])
+        raise storage_error(error, "writing the manifest") from None
+
+
+def describe_shard(directory: str, name: str) -> tuple[ShardEntry, fmt.Header, dict[str, Any]]:
+    """Read a committed shard's header and metadata and checksum its index file, for a manifest entry."""
+    data_path, index_path = fmt.shard_paths(os.path.join(directory, name))
+    try:
+        with open(index_path, "rb") as file:
+            index_size = os.fstat(file.fileno()).st_size
+            head = file.read(fmt.HEADER_SIZE)
+            header = fmt.unpack_header(head, index_size=index_size, path=index_path)
+            preamble = file.read(header.metadata_size)
+            index_crc = crc32c(preamble, crc32c(head))
+            while chunk := file.read(8 << 20):
+                index_crc = crc32c(chunk, index_crc)
+        data_size = os.stat(data_path).st_size
+    except FileNotFoundError as error:
+        raise MissingFileError("missing shard file", path=error.filename) from None
+    except OSError as error:
+        raise StorageError(f"cannot read shard: {error.strerror}", path=index_path) from None
+    if data_size != header.data_size:
+        raise FormatError(f"data file is {data_size} bytes, its index expects {header.data_size}", path=data_path)
+    codec_params, _ = fmt.decode_metadata(preamble, path=index_path)
+    entry = ShardEntry(name, header.record_count, header.data_size, index_size, index_crc, header.data_crc32c)
+    return entry, header, codec_params

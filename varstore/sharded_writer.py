@@ -1,0 +1,169 @@
+"""`ShardedWriter` and `write_manifest`: datasets of many shards, committed by writing the manifest last."""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import Any, Iterable, Sequence
+
+from . import format as fmt
+from .codecs import codec_from_stored, make_codec
+from .errors import ClosedError, FormatError, ShardExistsError, VarstoreError
+from .manifest import MANIFEST_NAME, Manifest, ShardEntry, describe_shard, is_valid_shard_name, read_manifest, write_manifest_file
+from .storage import TEMP_MARK, make_directories, remove_quietly
+from .writer import Writer
+
+
+class ShardedWriter:
+    """Writes a dataset directory: shards named ``shard-000000``, ``shard-000001``, ... and ``manifest.json``.
+
+    A new shard starts when the next record would take the current one past
+    `max_shard_bytes` of payload, or past `max_shard_records` records. The
+    dataset exists for readers only once `close` commits the manifest; an
+    exception in a ``with`` block removes every shard this writer made.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        codec: str = "bytes",
+        *,
+        dtype: Any = None,
+        shape: Sequence[int] | None = None,
+        metadata: dict[str, Any] | None = None,
+        checksums: bool = True,
+        max_shard_bytes: int = 256 << 20,
+        max_shard_records: int | None = None,
+        overwrite: bool = False,
+    ) -> None:
+        self.path = os.fspath(directory)
+        if max_shard_bytes < 1 or (max_shard_records is not None and max_shard_records < 1):
+            raise VarstoreError("max_shard_bytes and max_shard_records must be positive")
+        manifest_path = os.path.join(self.path, MANIFEST_NAME)
+        self._previous = read_manifest(self.path) if os.path.exists(manifest_path) else None
+        if self._previous is not None and not overwrite:
+            raise ShardExistsError("a dataset already exists here; pass overwrite=True to replace it", path=self.path)
+        self._codec = make_codec(codec, dtype=dtype, shape=shape)
+        self._writer_options = {"codec": codec, "dtype": dtype, "shape": shape, "metadata": metadata, "checksums": checksums}
+        self._metadata = dict(metadata or {})
+        self._max_shard_bytes = max_shard_bytes
+        self._max_shard_records = max_shard_records
+        self._overwrite = overwrite
+        self._entries: list[ShardEntry] = []
+        self._writer: Writer | None = None
+        self._record_count = 0
+        self._closed = False
+        make_directories(self.path)
+
+    def __len__(self) -> int:
+        return self._record_count
+
+    @property
+    def shard_names(self) -> list[str]:
+        """Names of the shards committed so far."""
+        return [entry.name for entry in self._entries]
+
+    def append(self, record: Any) -> int:
+        """Add one record; returns its index in the whole dataset."""
+        if self._closed:
+            raise ClosedError("append to a closed writer", path=self.path)
+        payload = self._codec.encode(record)
+        writer = self._writer_for(len(payload))
+        writer._add_payload(payload, len(payload))
+        self._record_count += 1
+        return self._record_count - 1
+
+    def extend(self, records: Iterable[Any]) -> None:
+        for record in records:
+            self.append(record)
+
+    def _writer_for(self, size: int) -> Writer:
+        writer = self._writer
+        if writer is not None and len(writer) and (
+            writer.data_size + size > self._max_shard_bytes
+            or (self._max_shard_records is not None and len(writer) >= self._max_shard_records)
+        ):
+            self._finish_shard()
+            writer = None
+        if writer is None:
+            name = f"shard-{len(self._entries):06d}"
+            writer = self._writer = Writer(os.path.join(self.path, name), overwrite=self._overwrite, **self._writer_options)
+        return writer
+
+    def _finish_shard(self) -> None:
+        assert self._writer is not None
+        writer, self._writer = self._writer, None
+        writer.close()
+        entry, _, _ = describe_shard(self.path, os.path.basename(writer.path))
+        self._entries.append(entry)
+
+    def close(self) -> None:
+        """Commit the last shard, then the manifest: from this moment readers see the dataset."""
+        if self._closed:
+            return
+        try:
+            if self._writer is not None:
+                self._finish_shard()
+            manifest = Manifest(self._codec.name, self._codec.params(), self._metadata, self._entries)
+            write_manifest_file(self.path, manifest)
+        except BaseException:
+            self.abort()
+            raise
+        self._closed = True
+        self._remove_replaced_shards()
+
+    def abort(self) -> None:
+        """Discard the shard in progress and every shard this writer committed; the manifest is untouched."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._writer is not None:
+            self._writer.abort()
+        for entry in self._entries:
+            remove_quietly(list(fmt.shard_paths(os.path.join(self.path, entry.name))))
+
+    def _remove_replaced_shards(self) -> None:
+        if self._previous is None:
+            return
+        kept = set(self.shard_names)
+        for entry in self._previous.shards:
+            if entry.name not in kept:
+                remove_quietly(list(fmt.shard_paths(os.path.join(self.path, entry.name))))
+
+    def __enter__(self) -> "ShardedWriter":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, traceback: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+def write_manifest(
+    directory: str | os.PathLike[str], shard_names: Sequence[str] | None = None, *, metadata: dict[str, Any] | None = None
+) -> list[str]:
+    """Make a dataset of shards already in `directory` (written by separate processes, say) without copying them.
+
+    With no `shard_names`, every committed shard in the directory is listed, in
+    name order. All shards must share one codec. Returns the names listed.
+    """
+    directory = os.fspath(directory)
+    if shard_names is None:
+        pattern = os.path.join(glob.escape(directory), "*" + fmt.INDEX_SUFFIX)
+        shard_names = sorted(
+            os.path.basename(path)[: -len(fmt.INDEX_SUFFIX)] for path in glob.glob(pattern) if TEMP_MARK not in path
+        )
+    entries, codec_id, codec_params = [], None, None
+    for name in shard_names:
+        if not is_valid_shard_name(name):
+            raise FormatError(f"shard name {name!r} is not a plain file name", path=directory)
+        entry, header, params = describe_shard(directory, name)
+        if codec_id is None:
+            codec_id, codec_params = header.codec_id, params
+        elif (header.codec_id, params) != (codec_id, codec_params):
+            raise FormatError(f"shard {name!r} has a different codec from the first shard", path=directory)
+        entries.append(entry)
+    codec = codec_from_stored(codec_id, codec_params, path=directory) if codec_id is not None else make_codec("bytes")
+    write_manifest_file(directory, Manifest(codec.name, codec.params(), dict(metadata or {}), entries))
+    return [entry.name for entry in entries]

@@ -1,0 +1,253 @@
+"""`Writer`: streams records into one shard and commits it atomically."""
+
+from __future__ import annotations
+
+import os
+import sys
+from array import array
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from . import format as fmt
+from .checksum import crc32c
+from .codecs import Codec, make_codec
+from .errors import ClosedError, RecordTypeError, ShardExistsError, VarstoreError
+from .storage import make_directories, publish, remove_quietly, storage_error, temporary_path, write_all
+
+_DATA_BUFFER_BYTES = 1 << 20
+_SPOOL_ENTRIES = 1 << 16
+_LITTLE_ENDIAN = sys.byteorder == "little"
+
+
+def _le_bytes(values: array) -> bytes:
+    if not _LITTLE_ENDIAN:
+        values = array(values.typecode, values)
+        values.byteswap()
+    return values.tobytes()
+
+
+class Writer:
+    """Writes one shard: ``PATH.data`` (payloads) and ``PATH.index`` (offsets, checksums, metadata).
+
+    Memory stays constant in the number of records: offsets and checksums are
+    spooled to disk. Nothing appears under the final names until `close` (or the
+    end of a ``with`` block) commits; an exception in the block discards the shard.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        codec: str = "bytes",
+        *,
+        dtype: Any = None,
+        shape: Sequence[int] | None = None,
+        metadata: dict[str, Any] | None = None,
+        checksums: bool = True,
+        overwrite: bool = False,
+    ) -> None:
+        self.path = os.fspath(path)
+        if not os.path.basename(self.path):
+            raise VarstoreError("a shard path needs a file name, e.g. 'out/docs'; use ShardedWriter for a directory", path=self.path)
+        self.data_path, self.index_path = fmt.shard_paths(self.path)
+        self._overwrite = overwrite
+        if not overwrite:
+            for final in (self.index_path, self.data_path):
+                if os.path.exists(final):
+                    raise ShardExistsError("already exists; pass overwrite=True to replace it", path=final)
+        self._codec: Codec = make_codec(codec, dtype=dtype, shape=shape)
+        self.codec = self._codec.name
+        self._metadata = fmt.encode_metadata(self._codec.params(), dict(metadata or {}))
+        self._flags = fmt.FLAG_RECORD_CHECKSUMS if checksums else 0
+        self._temporary = {name: temporary_path(final) for name, final in
+                           (("data", self.data_path), ("index", self.index_path), ("checksums", self.index_path + ".checksums"))}
+        self._fds: dict[str, int] = {}
+        self._record_count = 0
+        self._data_size = 0
+        self._data_crc = 0
+        self._body_crc = 0
+        self._head = bytearray()
+        self._buffer = bytearray()
+        self._offsets = array("Q", [0])
+        self._checksums = array("I")
+        self._closed = False
+        try:
+            make_directories(os.path.dirname(os.path.abspath(self.path)))
+            for name in ("data", "index") + (("checksums",) if checksums else ()):
+                self._fds[name] = os.open(self._temporary[name], os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            preamble = self._metadata + bytes(fmt.align8(fmt.HEADER_SIZE + len(self._metadata)) - fmt.HEADER_SIZE - len(self._metadata))
+            write_all(self._fds["index"], bytes(fmt.HEADER_SIZE) + preamble)
+            self._body_crc = crc32c(preamble)
+        except OSError as error:
+            self._discard()
+            raise storage_error(error, "creating the shard's temporary files") from None
+
+    def __len__(self) -> int:
+        return self._record_count
+
+    @property
+    def data_size(self) -> int:
+        """Payload bytes written so far."""
+        return self._data_size
+
+    def append(self, record: Any) -> int:
+        """Add one record; returns its index in the shard."""
+        if self._closed:
+            raise ClosedError("append to a closed writer", path=self.path)
+        payload = self._codec.encode(record)
+        self._add_payload(payload, len(payload))
+        return self._record_count - 1
+
+    def extend(self, records: Iterable[Any]) -> None:
+        """Append every record of an iterable."""
+        for record in records:
+            self.append(record)
+
+    def extend_flat(self, values: Any, lengths: Any) -> None:
+        """Append many records given as one flat buffer and their lengths, without a Python object per record.
+
+        For ``ndarray`` shards `values` is an array of shape ``(sum(lengths), *shape)``
+        and each length counts rows; for other codecs `values` is bytes-like
+        (already-encoded payloads) and each length counts bytes.
+        """
+        if self._closed:
+            raise ClosedError("extend_flat on a closed writer", path=self.path)
+        lengths = np.asarray(lengths)
+        if lengths.ndim != 1 or (lengths.size and (lengths.dtype.kind not in "iu" or lengths.min() < 0)):
+            raise RecordTypeError("lengths must be a 1-D array of non-negative integers")
+        if self._codec.name == "ndarray":
+            payload = self._codec.encode(values)
+            row_size = self._codec.row_size  # type: ignore[attr-defined]
+        else:
+            payload = memoryview(values).cast("B")
+            row_size = 1
+        byte_lengths = lengths.astype(np.int64) * row_size
+        if int(byte_lengths.sum()) != len(payload):
+            raise RecordTypeError(f"lengths cover {int(byte_lengths.sum())} bytes but values hold {len(payload)}")
+        ends = np.cumsum(byte_lengths).tolist()
+        start = 0
+        for end in ends:
+            self._add_payload(payload[start:end], end - start)
+            start = end
+
+    def _add_payload(self, payload: bytes | memoryview, size: int) -> None:
+        if self._data_size + size > fmt.MAX_DATA_SIZE:
+            raise VarstoreError(f"the shard would exceed {fmt.MAX_DATA_SIZE} bytes", path=self.path)
+        if len(self._head) < fmt.EDGE_SIZE:
+            self._head += payload[: fmt.EDGE_SIZE - len(self._head)]
+        self._data_crc = crc32c(payload, self._data_crc)
+        if self._flags:
+            self._checksums.append(crc32c(payload))
+        if size >= _DATA_BUFFER_BYTES:
+            self._write("data", self._buffer)
+            self._buffer = bytearray()
+            self._write("data", payload)
+        else:
+            self._buffer += payload
+        self._data_size += size
+        self._record_count += 1
+        self._offsets.append(self._data_size)
+        if len(self._buffer) >= _DATA_BUFFER_BYTES:
+            self._write("data", self._buffer)
+            self._buffer = bytearray()
+        if len(self._offsets) >= _SPOOL_ENTRIES:
+            self._spool_offsets()
+        if len(self._checksums) >= _SPOOL_ENTRIES:
+            self._write("checksums", _le_bytes(self._checksums))
+            self._checksums = array("I")
+
+    def _write(self, name: str, data: bytes | bytearray) -> None:
+        try:
+            write_all(self._fds[name], data)
+        except OSError as error:
+            self._discard()
+            raise storage_error(error, f"writing the shard's {name}") from None
+
+    def _spool_offsets(self) -> None:
+        raw = _le_bytes(self._offsets)
+        self._body_crc = crc32c(raw, self._body_crc)
+        self._write("index", raw)
+        self._offsets = array("Q")
+
+    def close(self) -> None:
+        """Commit the shard: fsync both files, rename them to their final names, fsync the directory."""
+        if self._closed:
+            return
+        try:
+            self._commit()
+        except OSError as error:
+            self._discard()
+            raise storage_error(error, "committing the shard") from None
+        except BaseException:
+            self._discard()
+            raise
+        self._closed = True
+
+    def abort(self) -> None:
+        """Discard everything written; no file is left under the final or temporary names."""
+        if not self._closed:
+            self._discard()
+
+    def _commit(self) -> None:
+        write_all(self._fds["data"], self._buffer)
+        self._buffer = bytearray()
+        data_fd, index_fd = self._fds["data"], self._fds["index"]
+        os.fsync(data_fd)
+        self._spool_offsets()
+        if self._flags:
+            spooled_checksums = os.lseek(self._fds["checksums"], 0, os.SEEK_CUR)
+            for position in range(0, spooled_checksums, _DATA_BUFFER_BYTES):
+                chunk = os.pread(self._fds["checksums"], min(_DATA_BUFFER_BYTES, spooled_checksums - position), position)
+                self._body_crc = crc32c(chunk, self._body_crc)
+                write_all(index_fd, chunk)
+            tail = _le_bytes(self._checksums)
+            self._body_crc = crc32c(tail, self._body_crc)
+            write_all(index_fd, tail)
+        tail_start = max(0, self._data_size - fmt.EDGE_SIZE)
+        data_tail = os.pread(data_fd, self._data_size - tail_start, tail_start)
+        header = fmt.Header(
+            codec_id=self._codec.id,
+            flags=self._flags,
+            record_count=self._record_count,
+            data_size=self._data_size,
+            metadata_size=len(self._metadata),
+            data_crc32c=self._data_crc,
+            data_edge_crc32c=crc32c(data_tail, crc32c(bytes(self._head))),
+            body_crc32c=self._body_crc,
+        )
+        os.pwrite(index_fd, header.pack(), 0)
+        os.fsync(index_fd)
+        self._close_fds()
+        publish(
+            [(self._temporary["data"], self.data_path), (self._temporary["index"], self.index_path)],
+            overwrite=self._overwrite,
+        )
+        remove_quietly([self._temporary["checksums"]])
+        self.header = header
+
+    def _close_fds(self) -> None:
+        while self._fds:
+            _, fd = self._fds.popitem()
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def _discard(self) -> None:
+        self._closed = True
+        self._close_fds()
+        remove_quietly(list(self._temporary.values()))
+
+    def __enter__(self) -> "Writer":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, traceback: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            self._discard()
+
