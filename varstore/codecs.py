@@ -115,7 +115,7 @@ class NdarrayCodec(Codec):
         if array.ndim != 1 + len(self.shape) or array.shape[1:] != self.shape:
             raise RecordTypeError(f"record of shape {array.shape} does not fit the shard's shape (L, *{self.shape})")
         array = _cast_exactly(array, self.dtype)
-        return memoryview(np.ascontiguousarray(array)).cast("B")
+        return memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
 
     def decode(self, buffer: Any, start: int, end: int) -> np.ndarray:
         if (end - start) % self.row_size:

@@ -14,6 +14,7 @@ from .checksum import crc32c, crc32c_of_range
 from .codecs import Codec, codec_from_stored
 from .errors import ClosedError, CorruptRecordError, FormatError, MissingFileError, RecordIndexError, RecordTypeError
 
+_OFFSET = struct.Struct("<Q")
 _PAIR = struct.Struct("<QQ")
 _ITERATION_CHUNK = 4096
 _MAX_LISTED_RECORDS = 20
@@ -115,8 +116,8 @@ class Reader:
             )
         self._index_map = _map_file(index_fd, index_size)
         self._data_map = _map_file(data_fd, data_size)
-        first, _ = _PAIR.unpack_from(self._index_map, header.offsets_start)
-        (last,) = struct.unpack_from("<Q", self._index_map, header.checksums_start - fmt.OFFSET_SIZE)
+        (first,) = _OFFSET.unpack_from(self._index_map, header.offsets_start)
+        (last,) = _OFFSET.unpack_from(self._index_map, header.checksums_start - fmt.OFFSET_SIZE)
         if first != 0 or last != data_size:
             raise FormatError(f"offsets run from {first} to {last}, expected 0 to {data_size}", path=index_path)
         if fmt.edge_crc32c(self._data_map, data_size) != header.data_edge_crc32c:
