@@ -321,6 +321,7 @@ class Reader:
             self._data_map.madvise(mmap.MADV_WILLNEED, page_start, end - page_start)  # type: ignore[union-attr]
 
     def __iter__(self) -> Iterator[Any]:
+        self._check_open()
         for start in range(0, self._count, _ITERATION_CHUNK):
             yield from self._read_range(start, min(start + _ITERATION_CHUNK, self._count))
 

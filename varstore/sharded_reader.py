@@ -14,7 +14,7 @@ import numpy as np
 
 from . import format as fmt
 from .checksum import crc32c_of_range
-from .codecs import codec_from_stored
+from .codecs import Codec, codec_from_stored
 from .errors import ClosedError, FormatError, MissingFileError, RecordIndexError, RecordTypeError
 from .manifest import Manifest, ShardEntry, read_manifest
 from .reader import FlatBatch, Reader, check_indices
@@ -45,6 +45,39 @@ def _check_shard_file(path: str, expected_size: int) -> None:
         raise FormatError("shard files must be regular files inside the dataset directory, not links", path=path)
     if info.st_size != expected_size:
         raise FormatError(f"shard file is {info.st_size} bytes, the manifest says {expected_size}", path=path)
+
+
+def open_listed_shard(directory: str, entry: ShardEntry, codec: Codec, *, verify_reads: bool = False) -> Reader:
+    """Open the shard a manifest `entry` names, checking its files and header against the entry and the dataset's codec."""
+    prefix = os.path.join(directory, entry.name)
+    for path, size in zip(fmt.shard_paths(prefix), (entry.data_size, entry.index_size)):
+        _check_shard_file(path, size)
+    reader = Reader(prefix, verify_reads=verify_reads)
+    header = reader.header
+    if (
+        header.record_count != entry.records
+        or header.data_crc32c != entry.data_crc32c
+        or header.codec_id != codec.id
+        or reader._codec.params() != codec.params()
+    ):
+        reader.close()
+        raise FormatError(
+            "shard does not match the manifest (record count, data checksum or codec differ): "
+            "it was replaced or belongs to another dataset",
+            path=reader.index_path,
+        )
+    return reader
+
+
+def verify_listed_shard(reader: Reader, entry: ShardEntry, progress: Callable[[int], None] | None = None) -> None:
+    """Check a shard's index file against the checksum its manifest `entry` records, then every byte (`Reader.verify`)."""
+    index_crc = crc32c_of_range(reader._index_map, 0, entry.index_size)
+    if index_crc != entry.index_crc32c:
+        raise FormatError(
+            f"index file checksum is {index_crc:#010x}, the manifest says {entry.index_crc32c:#010x}",
+            path=reader.index_path,
+        )
+    reader.verify(progress)
 
 
 class ShardedReader:
@@ -118,31 +151,11 @@ class ShardedReader:
             reader = self._readers.get(position)
             if reader is None:
                 entry = self.manifest.shards[position]
-                reader = self._open_shard(entry)
+                reader = open_listed_shard(self.path, entry, self._codec, verify_reads=self.verify_reads)
                 self._readers[position] = reader
                 while len(self._readers) > self._max_open:
                     # Dropped, not closed: another thread may still be reading it; freeing it unmaps it.
                     self._readers.popitem(last=False)
-        return reader
-
-    def _open_shard(self, entry: ShardEntry) -> Reader:
-        prefix = os.path.join(self.path, entry.name)
-        for path, size in zip(fmt.shard_paths(prefix), (entry.data_size, entry.index_size)):
-            _check_shard_file(path, size)
-        reader = Reader(prefix, verify_reads=self.verify_reads)
-        header = reader.header
-        if (
-            header.record_count != entry.records
-            or header.data_crc32c != entry.data_crc32c
-            or header.codec_id != self._codec.id
-            or reader._codec.params() != self._codec.params()
-        ):
-            reader.close()
-            raise FormatError(
-                "shard does not match the manifest (record count, data checksum or codec differ): "
-                "it was replaced or belongs to another dataset",
-                path=reader.index_path,
-            )
         return reader
 
     def _locate(self, index: int) -> tuple[int, int]:
@@ -226,14 +239,7 @@ class ShardedReader:
     def verify(self, progress: Callable[[int], None] | None = None) -> None:
         """Verify every shard: its index file against the manifest checksum, then `Reader.verify`."""
         for position, entry in enumerate(self.manifest.shards):
-            reader = self.shard(position)
-            index_crc = crc32c_of_range(reader._index_map, 0, entry.index_size)
-            if index_crc != entry.index_crc32c:
-                raise FormatError(
-                    f"index file checksum is {index_crc:#010x}, the manifest says {entry.index_crc32c:#010x}",
-                    path=reader.index_path,
-                )
-            reader.verify(progress)
+            verify_listed_shard(self.shard(position), entry, progress)
 
     def close(self) -> None:
         with self._lock:

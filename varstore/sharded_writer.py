@@ -11,7 +11,7 @@ from .codecs import codec_from_stored, make_codec
 from .errors import ClosedError, FormatError, ShardExistsError, VarstoreError
 from .manifest import MANIFEST_NAME, Manifest, ShardEntry, describe_shard, is_valid_shard_name, read_manifest, write_manifest_file
 from .storage import TEMP_MARK, make_directories, remove_quietly
-from .writer import Writer
+from .writer import Writer, flat_payloads
 
 
 class ShardedWriter:
@@ -76,6 +76,17 @@ class ShardedWriter:
     def extend(self, records: Iterable[Any]) -> None:
         for record in records:
             self.append(record)
+
+    def extend_flat(self, values: Any, lengths: Any) -> None:
+        """Append many records given as one flat buffer and their lengths, as `Writer.extend_flat` does, starting new shards as needed."""
+        if self._closed:
+            raise ClosedError("extend_flat on a closed writer", path=self.path)
+        payload, ends = flat_payloads(self._codec, values, lengths)
+        start = 0
+        for end in ends:
+            self._writer_for(end - start)._add_payload(payload[start:end], end - start)
+            self._record_count += 1
+            start = end
 
     def _writer_for(self, size: int) -> Writer:
         writer = self._writer

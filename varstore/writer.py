@@ -27,6 +27,23 @@ def _le_bytes(values: array) -> bytes:
     return values.tobytes()
 
 
+def flat_payloads(codec: Codec, values: Any, lengths: Any) -> tuple[memoryview, list[int]]:
+    """The payload bytes of records given flat (see `Writer.extend_flat`) and the byte offset where each ends."""
+    lengths = np.asarray(lengths)
+    if lengths.ndim != 1 or (lengths.size and (lengths.dtype.kind not in "iu" or lengths.min() < 0)):
+        raise RecordTypeError("lengths must be a 1-D array of non-negative integers")
+    if codec.name == "ndarray":
+        payload = codec.encode(values)
+        row_size = codec.row_size  # type: ignore[attr-defined]
+    else:
+        payload = memoryview(values).cast("B")
+        row_size = 1
+    byte_lengths = lengths.astype(np.int64) * row_size
+    if int(byte_lengths.sum()) != len(payload):
+        raise RecordTypeError(f"lengths cover {int(byte_lengths.sum())} bytes but values hold {len(payload)}")
+    return payload, np.cumsum(byte_lengths).tolist()
+
+
 class Writer:
     """Writes one shard: ``PATH.data`` (payloads) and ``PATH.index`` (offsets, checksums, metadata).
 
@@ -112,19 +129,7 @@ class Writer:
         """
         if self._closed:
             raise ClosedError("extend_flat on a closed writer", path=self.path)
-        lengths = np.asarray(lengths)
-        if lengths.ndim != 1 or (lengths.size and (lengths.dtype.kind not in "iu" or lengths.min() < 0)):
-            raise RecordTypeError("lengths must be a 1-D array of non-negative integers")
-        if self._codec.name == "ndarray":
-            payload = self._codec.encode(values)
-            row_size = self._codec.row_size  # type: ignore[attr-defined]
-        else:
-            payload = memoryview(values).cast("B")
-            row_size = 1
-        byte_lengths = lengths.astype(np.int64) * row_size
-        if int(byte_lengths.sum()) != len(payload):
-            raise RecordTypeError(f"lengths cover {int(byte_lengths.sum())} bytes but values hold {len(payload)}")
-        ends = np.cumsum(byte_lengths).tolist()
+        payload, ends = flat_payloads(self._codec, values, lengths)
         start = 0
         for end in ends:
             self._add_payload(payload[start:end], end - start)
@@ -175,6 +180,9 @@ class Writer:
             return
         try:
             self._commit()
+        except VarstoreError:
+            self._discard()
+            raise
         except OSError as error:
             self._discard()
             raise storage_error(error, "committing the shard") from None

@@ -1,0 +1,139 @@
+"""Writer behaviour: atomic commit, refusal to overwrite, clear errors for bad records, constant memory."""
+
+from __future__ import annotations
+
+import os
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import varstore
+from varstore.storage import TEMP_MARK
+
+
+def test_append_returns_consecutive_indices(tmp_path):
+    with varstore.Writer(tmp_path / "docs") as writer:
+        assert [writer.append(b"x" * n) for n in range(5)] == [0, 1, 2, 3, 4]
+        assert len(writer) == 5
+
+
+def test_nothing_is_visible_before_close(tmp_path):
+    writer = varstore.Writer(tmp_path / "docs")
+    writer.append(b"record")
+    assert not (tmp_path / "docs.index").exists() and not (tmp_path / "docs.data").exists()
+    with pytest.raises(varstore.MissingFileError):
+        varstore.open(tmp_path / "docs")
+    writer.close()
+    assert varstore.open(tmp_path / "docs")[0] == b"record"
+
+
+def test_exception_inside_with_leaves_no_shard_and_no_temporary_files(tmp_path):
+    with pytest.raises(RuntimeError, match="boom"):
+        with varstore.Writer(tmp_path / "docs") as writer:
+            writer.append(b"record")
+            raise RuntimeError("boom")
+    assert os.listdir(tmp_path) == []
+
+
+def test_existing_shard_is_not_overwritten_unless_asked(tmp_path):
+    with varstore.Writer(tmp_path / "docs") as writer:
+        writer.append(b"old")
+    with pytest.raises(varstore.ShardExistsError, match="docs.index"):
+        varstore.Writer(tmp_path / "docs")
+    with varstore.Writer(tmp_path / "docs", overwrite=True) as writer:
+        writer.append(b"new")
+    assert list(varstore.open(tmp_path / "docs")) == [b"new"]
+
+
+def test_shard_created_meanwhile_is_not_clobbered_at_commit(tmp_path):
+    late = varstore.Writer(tmp_path / "docs")
+    late.append(b"late")
+    with varstore.Writer(tmp_path / "docs") as first:
+        first.append(b"first")
+    with pytest.raises(varstore.ShardExistsError):
+        late.close()
+    assert list(varstore.open(tmp_path / "docs")) == [b"first"]
+    assert not [name for name in os.listdir(tmp_path) if TEMP_MARK in name]
+
+
+def test_append_after_close_is_a_closed_error(tmp_path):
+    writer = varstore.Writer(tmp_path / "docs")
+    writer.close()
+    with pytest.raises(varstore.ClosedError):
+        writer.append(b"late")
+
+
+@pytest.mark.parametrize(
+    ("codec", "options", "record"),
+    [
+        ("bytes", {}, "text is not bytes"),
+        ("str", {}, b"bytes are not text"),
+        ("ndarray", {"dtype": "uint16"}, np.array([1, 70000])),
+        ("ndarray", {"dtype": "uint16"}, np.array([-1])),
+        ("ndarray", {"dtype": "int32"}, np.array([1.5])),
+        ("ndarray", {"dtype": "float32", "shape": [3]}, np.zeros((2, 4), np.float32)),
+        ("ndarray", {"dtype": "uint8"}, np.array(["a"])),
+        ("msgpack", {}, {"when": object()}),
+        ("msgpack", {}, {"big": 1 << 70}),
+        ("msgpack", {}, {"objects": np.array([None], dtype=object)}),
+    ],
+)
+def test_record_that_does_not_fit_the_codec_is_refused_and_nothing_written(tmp_path, codec, options, record):
+    with varstore.Writer(tmp_path / "docs", codec=codec, **options) as writer:
+        with pytest.raises(varstore.RecordTypeError):
+            writer.append(record)
+        assert len(writer) == 0
+    assert len(varstore.open(tmp_path / "docs")) == 0
+
+
+def test_integer_tokens_in_range_are_stored_exactly(tmp_path):
+    with varstore.Writer(tmp_path / "tokens", codec="ndarray", dtype="uint16") as writer:
+        writer.append([0, 65535, 12])
+    assert varstore.open(tmp_path / "tokens")[0].tolist() == [0, 65535, 12]
+
+
+@pytest.mark.parametrize(
+    ("codec", "options"),
+    [("nope", {}), ("ndarray", {}), ("ndarray", {"dtype": "object"}), ("bytes", {"dtype": "uint8"}), ("ndarray", {"dtype": "u2", "shape": [0]})],
+)
+def test_bad_writer_options_are_refused(tmp_path, codec, options):
+    with pytest.raises(varstore.RecordTypeError):
+        varstore.Writer(tmp_path / "docs", codec=codec, **options)
+    assert os.listdir(tmp_path) == []
+
+
+def test_metadata_that_is_not_json_is_refused(tmp_path):
+    with pytest.raises(varstore.FormatError, match="JSON"):
+        varstore.Writer(tmp_path / "docs", metadata={"when": object()})
+
+
+def test_extend_flat_with_lengths_that_do_not_cover_values_is_refused(tmp_path):
+    with varstore.Writer(tmp_path / "tokens", codec="ndarray", dtype="uint16") as writer:
+        with pytest.raises(varstore.RecordTypeError, match="lengths cover"):
+            writer.extend_flat(np.arange(10, dtype=np.uint16), [3, 3])
+
+
+def test_writer_creates_missing_parent_directories(tmp_path):
+    with varstore.Writer(tmp_path / "a" / "b" / "docs") as writer:
+        writer.append(b"x")
+    assert varstore.open(tmp_path / "a" / "b" / "docs")[0] == b"x"
+
+
+def _peak_memory_writing(path, count: int) -> int:
+    payload = b"r" * 100  # enough for both runs to fill the 1 MiB data buffer
+    tracemalloc.start()
+    with varstore.Writer(path) as writer:
+        for _ in range(count):
+            writer.append(payload)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return peak
+
+
+def test_writer_memory_does_not_grow_with_the_record_count(tmp_path, monkeypatch):
+    monkeypatch.setattr(varstore.writer, "_SPOOL_ENTRIES", 1024)  # spool often, so small counts show the bound
+    small = _peak_memory_writing(tmp_path / "small", 20_000)
+    large = _peak_memory_writing(tmp_path / "large", 80_000)
+    # Keeping offsets in memory would cost at least 8 bytes per extra record.
+    assert large - small < 8 * 60_000 / 4
