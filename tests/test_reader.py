@@ -213,3 +213,28 @@ def test_record_past_4_gib_reads_correctly_from_a_sparse_data_file(tmp_path):
     assert reader.get_batch([1]) == [tail]
     assert reader.get_batch_flat([1]).values.tobytes() == tail
     assert reader.record_sizes().tolist() == [hole, len(tail)]
+
+
+def test_array_offsets_off_row_boundaries_are_a_corrupt_record(tmp_path):
+    path = make_shard(tmp_path / "tokens", [np.arange(4, dtype=np.uint16)] * 2, codec="ndarray", dtype="uint16")
+    _rewrite_offset(tmp_path / "tokens.index", varstore.open(path).header, 1, 7)
+    reader = varstore.open(path)
+    for read in (lambda: reader[0], lambda: reader.get_batch([1]), lambda: reader.get_batch_flat([0]), lambda: list(reader)):
+        with pytest.raises(varstore.CorruptRecordError, match=r"record \d does not decode as ndarray: offsets \[\d+, \d+\) are not on 2-byte row"):
+            read()
+
+
+def test_array_data_file_that_is_not_whole_rows_is_refused_at_open(tmp_path):
+    data_path, index_path = fmt.shard_paths(str(tmp_path / "frames"))
+    make_shard(tmp_path / "frames", [np.zeros((1, 3), np.float32)], codec="ndarray", dtype="float32", shape=[3])
+    header = varstore.open(tmp_path / "frames").header
+    raw = bytearray(open(index_path, "rb").read())
+    struct.pack_into("<Q", raw, header.offsets_start + 8, 8)
+    body_crc = crc32c(bytes(raw[64:]))
+    with open(data_path, "rb") as file:
+        data = file.read(8)
+    raw[:64] = fmt.Header(**{**header.__dict__, "data_size": 8, "body_crc32c": body_crc, "data_edge_crc32c": crc32c(data + data)}).pack()
+    open(index_path, "wb").write(raw)
+    open(data_path, "wb").write(data)
+    with pytest.raises(varstore.FormatError, match="not a whole number of 12-byte rows"):
+        varstore.open(tmp_path / "frames")

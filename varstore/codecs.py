@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import msgpack
 import numpy as np
@@ -64,6 +64,10 @@ class Codec:
     def decode(self, buffer: Any, start: int, end: int) -> Any:
         """Decode the payload at `buffer[start:end]`; raises ValueError-like errors on bad bytes."""
         raise NotImplementedError
+
+    def decoder_for(self, buffer: Any) -> Callable[[Any, int, int], Any]:
+        """A `decode` specialised to one mapped data file, prepared once when a shard opens."""
+        return self.decode
 
 
 class BytesCodec(Codec):
@@ -118,10 +122,24 @@ class NdarrayCodec(Codec):
         return memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
 
     def decode(self, buffer: Any, start: int, end: int) -> np.ndarray:
-        if (end - start) % self.row_size:
-            raise ValueError(f"payload of {end - start} bytes is not a whole number of {self.row_size}-byte rows")
-        flat = np.frombuffer(buffer, self.dtype, (end - start) // self.dtype.itemsize, start)
-        return flat.reshape((-1, *self.shape)) if self.shape else flat
+        return self.decoder_for(buffer)(buffer, start, end)
+
+    def rows(self, buffer: Any) -> np.ndarray:
+        """The whole buffer as one read-only array of rows; it must hold a whole number of rows."""
+        if len(buffer) % self.row_size:
+            raise ValueError(f"{len(buffer)} bytes are not a whole number of {self.row_size}-byte rows")
+        return np.frombuffer(buffer, self.dtype).reshape((-1, *self.shape))
+
+    def decoder_for(self, buffer: Any) -> Callable[[Any, int, int], np.ndarray]:
+        """Records become slices of one array over the whole map: a view each, no per-record frombuffer."""
+        rows, row_size = self.rows(buffer), self.row_size
+
+        def decode(_buffer: Any, start: int, end: int) -> np.ndarray:
+            if start % row_size or end % row_size:
+                raise ValueError(f"offsets [{start}, {end}) are not on {row_size}-byte row boundaries")
+            return rows[start // row_size : end // row_size]
+
+        return decode
 
 
 def _cast_exactly(array: np.ndarray, dtype: np.dtype) -> np.ndarray:

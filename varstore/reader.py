@@ -137,7 +137,12 @@ class Reader:
         )
         if self.verify_reads and self._checksums is None:
             raise FormatError("verify_reads=True but this shard was written without record checksums", path=index_path)
-        self._decode: Callable[[Any, int, int], Any] | None = None if self._codec.name == "bytes" else self._codec.decode
+        try:
+            self._decode: Callable[[Any, int, int], Any] | None = (
+                None if self._codec.name == "bytes" else self._codec.decoder_for(self._data_map)
+            )
+        except ValueError as error:
+            raise FormatError(f"data file does not fit the {self.codec} codec: {error}", path=self.data_path) from None
 
     # -- description -------------------------------------------------------------------------
 
@@ -171,7 +176,7 @@ class Reader:
         self._check_open()
         if self.dtype is None:
             raise RecordTypeError(f"as_array needs an ndarray shard, this one is {self.codec}", path=self.path)
-        return self._codec.decode(self._data_map, 0, self._data_size)
+        return self._codec.rows(self._data_map)  # type: ignore[attr-defined]
 
     def __len__(self) -> int:
         return self._count
@@ -286,16 +291,14 @@ class Reader:
         data = self._data_map
         joined = b"".join([data[start:end] for start, end in zip(starts.tolist(), ends.tolist())])
         values = np.frombuffer(joined, np.uint8)
-        return self._typed_flat(values, offsets, indices)
-
-    def _typed_flat(self, values: np.ndarray, offsets: np.ndarray, indices: np.ndarray) -> FlatBatch:
         if self.dtype is None:
             return FlatBatch(values, offsets)
         row_size = self._codec.row_size  # type: ignore[attr-defined]
-        uneven = offsets % row_size != 0
-        if uneven.any():
-            index = int(indices[max(0, int(uneven.argmax()) - 1)])
-            raise self._decode_error(index, ValueError(f"payload is not a whole number of {row_size}-byte rows"))
+        off_rows = (starts % row_size != 0) | (ends % row_size != 0)
+        if off_rows.any():
+            position = int(off_rows.argmax())
+            error = ValueError(f"offsets [{starts[position]}, {ends[position]}) are not on {row_size}-byte row boundaries")
+            raise self._decode_error(int(indices[position]), error)
         rows = values.view(self.dtype).reshape((-1, *self.shape))  # type: ignore[misc]
         return FlatBatch(rows, offsets // row_size)
 
@@ -382,7 +385,7 @@ class Reader:
             return
         self._closed = True
         self._count = 0
-        self._offsets = self._checksums = None  # type: ignore[assignment]
+        self._offsets = self._checksums = self._decode = None  # type: ignore[assignment]
         for mapped in (self._index_map, self._data_map):
             if isinstance(mapped, mmap.mmap):
                 try:
