@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 
 import pytest
 
@@ -150,3 +151,10 @@ def test_empty_dataset_opens_with_no_records(tmp_path):
     assert len(dataset) == 0 and list(dataset) == [] and dataset.get_batch([]) == []
     with pytest.raises(varstore.RecordIndexError):
         dataset[0]
+
+
+def test_dataset_pickles_by_path_and_reads_its_manifest_on_first_use(tmp_path):
+    write_dataset(tmp_path, [b"a", b"b", b"c"], max_shard_records=2)
+    clone = pickle.loads(pickle.dumps(varstore.open(tmp_path)))
+    assert "manifest" not in clone.__dict__
+    assert clone.get_batch([2, 0]) == [b"c", b"a"] and len(clone) == 3

@@ -13,6 +13,7 @@ from . import format as fmt
 from .checksum import crc32c, crc32c_of_range
 from .codecs import Codec, codec_from_stored
 from .errors import ClosedError, CorruptRecordError, FormatError, MissingFileError, RecordIndexError, RecordTypeError
+from .pickling import OpensOnFirstUse
 
 _OFFSET = struct.Struct("<Q")
 _PAIR = struct.Struct("<QQ")
@@ -71,7 +72,7 @@ def check_indices(indices: Any, count: int, path: str) -> np.ndarray:
     return resolved + count * (resolved < 0) if low < 0 else resolved
 
 
-class Reader:
+class Reader(OpensOnFirstUse):
     """A shard opened for reading; indexing, slicing and iteration return decoded records.
 
     Opening reads the 64-byte header, the metadata block and the first and last
@@ -83,10 +84,10 @@ class Reader:
     def __init__(self, path: str | os.PathLike[str], *, verify_reads: bool = False) -> None:
         self.path = os.fspath(path)
         self.verify_reads = verify_reads
-        self.data_path, self.index_path = fmt.shard_paths(self.path)
         self._open()
 
     def _open(self) -> None:
+        self.data_path, self.index_path = fmt.shard_paths(self.path)
         index_fd = _open_read(self.index_path)
         try:
             data_fd = _open_read(self.data_path)
@@ -398,12 +399,3 @@ class Reader:
 
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "verify_reads": self.verify_reads}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.path = state["path"]
-        self.verify_reads = state["verify_reads"]
-        self.data_path, self.index_path = fmt.shard_paths(self.path)
-        self._open()

@@ -17,6 +17,7 @@ from .checksum import crc32c_of_range
 from .codecs import Codec, codec_from_stored
 from .errors import ClosedError, FormatError, MissingFileError, RecordIndexError, RecordTypeError
 from .manifest import Manifest, ShardEntry, read_manifest
+from .pickling import OpensOnFirstUse
 from .reader import FlatBatch, Reader, check_indices
 
 _FILES_PER_SHARD = 2
@@ -80,7 +81,7 @@ def verify_listed_shard(reader: Reader, entry: ShardEntry, progress: Callable[[i
     reader.verify(progress)
 
 
-class ShardedReader:
+class ShardedReader(OpensOnFirstUse):
     """A dataset directory read as one sequence of records, with the same API as `Reader`.
 
     Opening reads the manifest and checks that every shard file exists with the
@@ -253,11 +254,3 @@ class ShardedReader:
 
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "verify_reads": self.verify_reads}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.path = state["path"]
-        self.verify_reads = state["verify_reads"]
-        self._open()
