@@ -13,7 +13,7 @@ from . import format as fmt
 from .checksum import crc32c, crc32c_of_range
 from .codecs import Codec, codec_from_stored
 from .errors import ClosedError, CorruptRecordError, FormatError, MissingFileError, RecordIndexError, RecordTypeError
-from .pickling import OpensOnFirstUse
+from .reader_base import ReaderBase
 
 _OFFSET = struct.Struct("<Q")
 _PAIR = struct.Struct("<QQ")
@@ -72,7 +72,7 @@ def check_indices(indices: Any, count: int, path: str) -> np.ndarray:
     return resolved + count * (resolved < 0) if low < 0 else resolved
 
 
-class Reader(OpensOnFirstUse):
+class Reader(ReaderBase):
     """A shard opened for reading; indexing, slicing and iteration return decoded records.
 
     Opening reads the 64-byte header, the metadata block and the first and last
@@ -146,21 +146,6 @@ class Reader(OpensOnFirstUse):
             raise FormatError(f"data file does not fit the {self.codec} codec: {error}", path=self.data_path) from None
 
     # -- description -------------------------------------------------------------------------
-
-    @property
-    def codec(self) -> str:
-        """The codec name: ``bytes``, ``str``, ``ndarray`` or ``msgpack``."""
-        return self._codec.name
-
-    @property
-    def dtype(self) -> np.dtype | None:
-        """The element dtype of an ``ndarray`` shard, else None."""
-        return getattr(self._codec, "dtype", None)
-
-    @property
-    def shape(self) -> tuple[int, ...] | None:
-        """The fixed trailing shape of an ``ndarray`` shard's records, else None."""
-        return getattr(self._codec, "shape", None)
 
     @property
     def offsets(self) -> np.ndarray:
@@ -393,9 +378,3 @@ class Reader(OpensOnFirstUse):
                     mapped.close()
                 except BufferError:
                     pass  # arrays returned to the caller still view it; it closes when they are freed
-
-    def __enter__(self) -> "Reader":
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()

@@ -17,7 +17,7 @@ from .checksum import crc32c_of_range
 from .codecs import Codec, codec_from_stored
 from .errors import ClosedError, FormatError, MissingFileError, RecordIndexError, RecordTypeError
 from .manifest import Manifest, ShardEntry, read_manifest
-from .pickling import OpensOnFirstUse
+from .reader_base import ReaderBase
 from .reader import FlatBatch, Reader, check_indices
 
 _FILES_PER_SHARD = 2
@@ -81,7 +81,7 @@ def verify_listed_shard(reader: Reader, entry: ShardEntry, progress: Callable[[i
     reader.verify(progress)
 
 
-class ShardedReader(OpensOnFirstUse):
+class ShardedReader(ReaderBase):
     """A dataset directory read as one sequence of records, with the same API as `Reader`.
 
     Opening reads the manifest and checks that every shard file exists with the
@@ -112,18 +112,6 @@ class ShardedReader(OpensOnFirstUse):
         self._max_open = _max_open_shards()
         self._lock = threading.Lock()
         self._closed = False
-
-    @property
-    def codec(self) -> str:
-        return self._codec.name
-
-    @property
-    def dtype(self) -> np.dtype | None:
-        return getattr(self._codec, "dtype", None)
-
-    @property
-    def shape(self) -> tuple[int, ...] | None:
-        return getattr(self._codec, "shape", None)
 
     @property
     def shard_paths(self) -> list[str]:
@@ -248,9 +236,3 @@ class ShardedReader(OpensOnFirstUse):
             self._count = 0
             while self._readers:
                 self._readers.popitem()[1].close()
-
-    def __enter__(self) -> "ShardedReader":
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()
