@@ -137,3 +137,10 @@ def test_writer_memory_does_not_grow_with_the_record_count(tmp_path, monkeypatch
     large = _peak_memory_writing(tmp_path / "large", 80_000)
     # Keeping offsets in memory would cost at least 8 bytes per extra record.
     assert large - small < 8 * 60_000 / 4
+
+
+@pytest.mark.parametrize("codec", ["str", "msgpack"])
+def test_extend_flat_refuses_codecs_whose_payloads_it_cannot_check(tmp_path, codec):
+    with varstore.Writer(tmp_path / "docs", codec=codec) as writer:
+        with pytest.raises(varstore.RecordTypeError, match="encoded one by one"):
+            writer.extend_flat(b"\xff\xfe", [2])

@@ -27,8 +27,10 @@ def _le_bytes(values: array) -> bytes:
     return values.tobytes()
 
 
-def flat_payloads(codec: Codec, values: Any, lengths: Any) -> tuple[memoryview, list[int]]:
+def flat_payloads(codec: Codec, values: Any, lengths: Any) -> tuple[memoryview, np.ndarray]:
     """The payload bytes of records given flat (see `Writer.extend_flat`) and the byte offset where each ends."""
+    if codec.name not in ("bytes", "ndarray"):
+        raise RecordTypeError(f"extend_flat takes bytes or ndarray records; {codec.name} records must be encoded one by one")
     lengths = np.asarray(lengths)
     if lengths.ndim != 1 or (lengths.size and (lengths.dtype.kind not in "iu" or lengths.min() < 0)):
         raise RecordTypeError("lengths must be a 1-D array of non-negative integers")
@@ -41,7 +43,7 @@ def flat_payloads(codec: Codec, values: Any, lengths: Any) -> tuple[memoryview, 
     byte_lengths = lengths.astype(np.int64) * row_size
     if int(byte_lengths.sum()) != len(payload):
         raise RecordTypeError(f"lengths cover {int(byte_lengths.sum())} bytes but values hold {len(payload)}")
-    return payload, np.cumsum(byte_lengths).tolist()
+    return payload, np.cumsum(byte_lengths)
 
 
 class Writer:
@@ -83,7 +85,6 @@ class Writer:
         self._data_size = 0
         self._data_crc = 0
         self._body_crc = 0
-        self._head = bytearray()
         self._buffer = bytearray()
         self._offsets = array("Q", [0])
         self._checksums = array("I")
@@ -124,42 +125,56 @@ class Writer:
         """Append many records given as one flat buffer and their lengths, without a Python object per record.
 
         For ``ndarray`` shards `values` is an array of shape ``(sum(lengths), *shape)``
-        and each length counts rows; for other codecs `values` is bytes-like
-        (already-encoded payloads) and each length counts bytes.
+        and each length counts rows; for ``bytes`` shards `values` is bytes-like
+        and each length counts bytes. The payload is written with one call.
         """
         if self._closed:
             raise ClosedError("extend_flat on a closed writer", path=self.path)
         payload, ends = flat_payloads(self._codec, values, lengths)
-        start = 0
-        for end in ends:
-            self._add_payload(payload[start:end], end - start)
-            start = end
+        if self._data_size + len(payload) > fmt.MAX_DATA_SIZE:
+            raise VarstoreError(f"the shard would exceed {fmt.MAX_DATA_SIZE} bytes", path=self.path)
+        if self._flags:
+            bounds = [0, *ends.tolist()]
+            self._checksums.extend(crc32c(payload[start:end]) for start, end in zip(bounds, bounds[1:]))
+        self._flush_data()
+        self._write_data(payload)
+        self._offsets.frombytes((ends + self._data_size).astype(np.uint64).tobytes())
+        self._data_size += len(payload)
+        self._record_count += len(ends)
+        self._spool_if_full()
 
     def _add_payload(self, payload: bytes | memoryview, size: int) -> None:
         if self._data_size + size > fmt.MAX_DATA_SIZE:
             raise VarstoreError(f"the shard would exceed {fmt.MAX_DATA_SIZE} bytes", path=self.path)
-        if len(self._head) < fmt.EDGE_SIZE:
-            self._head += payload[: fmt.EDGE_SIZE - len(self._head)]
-        self._data_crc = crc32c(payload, self._data_crc)
         if self._flags:
             self._checksums.append(crc32c(payload))
         if size >= _DATA_BUFFER_BYTES:
-            self._write("data", self._buffer)
-            self._buffer = bytearray()
-            self._write("data", payload)
+            self._flush_data()
+            self._write_data(payload)
         else:
             self._buffer += payload
+            if len(self._buffer) >= _DATA_BUFFER_BYTES:
+                self._flush_data()
         self._data_size += size
         self._record_count += 1
         self._offsets.append(self._data_size)
-        if len(self._buffer) >= _DATA_BUFFER_BYTES:
-            self._write("data", self._buffer)
-            self._buffer = bytearray()
+        self._spool_if_full()
+
+    def _spool_if_full(self) -> None:
         if len(self._offsets) >= _SPOOL_ENTRIES:
             self._spool_offsets()
         if len(self._checksums) >= _SPOOL_ENTRIES:
             self._write("checksums", _le_bytes(self._checksums))
             self._checksums = array("I")
+
+    def _flush_data(self) -> None:
+        self._write_data(self._buffer)
+        self._buffer = bytearray()
+
+    def _write_data(self, data: bytes | bytearray | memoryview) -> None:
+        """Write payload bytes, checksumming them for the header on the way: one CRC call per buffer, not per record."""
+        self._data_crc = crc32c(data, self._data_crc)
+        self._write("data", data)
 
     def _write(self, name: str, data: bytes | bytearray) -> None:
         try:
@@ -197,8 +212,7 @@ class Writer:
             self._discard()
 
     def _commit(self) -> None:
-        write_all(self._fds["data"], self._buffer)
-        self._buffer = bytearray()
+        self._flush_data()
         data_fd, index_fd = self._fds["data"], self._fds["index"]
         os.fsync(data_fd)
         self._spool_offsets()
@@ -211,8 +225,9 @@ class Writer:
             tail = _le_bytes(self._checksums)
             self._body_crc = crc32c(tail, self._body_crc)
             write_all(index_fd, tail)
+        head = os.pread(data_fd, min(fmt.EDGE_SIZE, self._data_size), 0)
         tail_start = max(0, self._data_size - fmt.EDGE_SIZE)
-        data_tail = os.pread(data_fd, self._data_size - tail_start, tail_start)
+        tail = os.pread(data_fd, self._data_size - tail_start, tail_start)
         header = fmt.Header(
             codec_id=self._codec.id,
             flags=self._flags,
@@ -220,7 +235,7 @@ class Writer:
             data_size=self._data_size,
             metadata_size=len(self._metadata),
             data_crc32c=self._data_crc,
-            data_edge_crc32c=crc32c(data_tail, crc32c(bytes(self._head))),
+            data_edge_crc32c=crc32c(tail, crc32c(head)),
             body_crc32c=self._body_crc,
         )
         os.pwrite(index_fd, header.pack(), 0)
