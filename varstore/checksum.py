@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Callable
+import mmap
+from typing import Callable, Union
 
 from crc32c import crc32c
 
-__all__ = ["crc32c", "crc32c_of_range"]
+__all__ = ["Buffer", "crc32c", "crc32c_of_range"]
+
+Buffer = Union[bytes, bytearray, memoryview, mmap.mmap]
 
 _CHUNK_BYTES = 8 << 20
 
 
 def crc32c_of_range(
-    buffer: bytes | memoryview, start: int, end: int, progress: Callable[[int], None] | None = None
+    buffer: Buffer, start: int, end: int, progress: Callable[[int], None] | None = None
 ) -> int:
     """CRC32C of `buffer[start:end]`, read in chunks so a mapped file is never copied whole."""
     view = memoryview(buffer)

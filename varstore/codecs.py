@@ -23,6 +23,7 @@ import msgpack
 import numpy as np
 
 from .errors import FormatError, RecordTypeError
+from .msgpack_check import check_msgpack
 
 ARRAY_EXT_TYPE = 1
 MAX_ARRAY_DIMS = 32
@@ -58,7 +59,7 @@ class Codec:
         """The parameters stored in the shard's metadata so a reader can rebuild this codec."""
         return {}
 
-    def encode(self, record: Any) -> bytes | memoryview:
+    def encode(self, record: Any) -> bytes | bytearray | memoryview:
         raise NotImplementedError
 
     def decode(self, buffer: Any, start: int, end: int) -> Any:
@@ -73,7 +74,7 @@ class Codec:
 class BytesCodec(Codec):
     id, name = 0, "bytes"
 
-    def encode(self, record: Any) -> bytes | memoryview:
+    def encode(self, record: Any) -> bytes | bytearray | memoryview:
         if isinstance(record, (bytes, bytearray)):
             return record
         if isinstance(record, memoryview):
@@ -119,7 +120,7 @@ class NdarrayCodec(Codec):
         if array.ndim != 1 + len(self.shape) or array.shape[1:] != self.shape:
             raise RecordTypeError(f"record of shape {array.shape} does not fit the shard's shape (L, *{self.shape})")
         array = _cast_exactly(array, self.dtype)
-        return memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+        return memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))  # type: ignore[arg-type]
 
     def decode(self, buffer: Any, start: int, end: int) -> np.ndarray:
         return self.decoder_for(buffer)(buffer, start, end)
@@ -211,16 +212,18 @@ class MsgpackCodec(Codec):
 
     def encode(self, record: Any) -> bytes:
         try:
-            return msgpack.packb(record, default=_msgpack_default, use_bin_type=True, datetime=False)
+            payload = msgpack.packb(record, default=_msgpack_default, use_bin_type=True, datetime=False)
+            check_msgpack(payload, ARRAY_EXT_TYPE)  # e.g. a msgpack.Timestamp or ExtType inside: readers refuse those
         except RecordTypeError:
             raise
         except (TypeError, ValueError, OverflowError) as error:
             raise RecordTypeError(f"record cannot be encoded with msgpack: {error}") from None
+        return payload
 
     def decode(self, buffer: Any, start: int, end: int) -> Any:
-        return msgpack.unpackb(
-            buffer[start:end], raw=False, strict_map_key=False, ext_hook=_msgpack_ext_hook, use_list=True
-        )
+        payload = buffer[start:end]
+        check_msgpack(payload, ARRAY_EXT_TYPE)
+        return msgpack.unpackb(payload, raw=False, strict_map_key=False, ext_hook=_msgpack_ext_hook, use_list=True)
 
 
 _BY_NAME: dict[str, type[Codec]] = {codec.name: codec for codec in (BytesCodec, StrCodec, NdarrayCodec, MsgpackCodec)}

@@ -25,7 +25,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from .checksum import crc32c
+from .checksum import Buffer, crc32c
 from .errors import FormatError
 
 MAGIC = b"\x89VSI\r\n\x1a\n"
@@ -148,7 +148,7 @@ def unpack_header(raw: bytes, *, index_size: int, path: str) -> Header:
     return header
 
 
-def edge_crc32c(data: bytes | memoryview, size: int) -> int:
+def edge_crc32c(data: Buffer, size: int) -> int:
     """CRC32C of the data file's first EDGE_SIZE bytes followed by its last EDGE_SIZE bytes.
 
     Cheap enough to check at open, it catches a data file paired with the wrong index.

@@ -12,7 +12,15 @@ import numpy as np
 from . import format as fmt
 from .checksum import crc32c, crc32c_of_range
 from .codecs import Codec, codec_from_stored
-from .errors import ClosedError, CorruptRecordError, FormatError, MissingFileError, RecordIndexError, RecordTypeError
+from .errors import (
+    ClosedError,
+    CorruptRecordError,
+    FormatError,
+    MissingFileError,
+    RecordIndexError,
+    RecordTypeError,
+    StorageError,
+)
 from .reader_base import ReaderBase
 
 _OFFSET = struct.Struct("<Q")
@@ -49,7 +57,7 @@ def _open_read(path: str) -> int:
     except IsADirectoryError:
         raise FormatError("is a directory, expected a shard file", path=path) from None
     except OSError as error:
-        raise FormatError(f"cannot open: {error.strerror}", path=path) from None
+        raise StorageError(f"cannot open: {error.strerror}", path=path) from None
 
 
 def _describe(indices: list[int]) -> str:
@@ -93,6 +101,8 @@ class Reader(ReaderBase):
             data_fd = _open_read(self.data_path)
             try:
                 self._map_files(index_fd, data_fd)
+            except OSError as error:  # fstat, pread or mmap failed: the storage, not the format
+                raise StorageError(f"reading the shard failed: {error.strerror or error}", path=self.path) from None
             finally:
                 os.close(data_fd)
         finally:
@@ -285,7 +295,7 @@ class Reader(ReaderBase):
             position = int(off_rows.argmax())
             error = ValueError(f"offsets [{starts[position]}, {ends[position]}) are not on {row_size}-byte row boundaries")
             raise self._decode_error(int(indices[position]), error)
-        rows = values.view(self.dtype).reshape((-1, *self.shape))  # type: ignore[misc]
+        rows = values.view(self.dtype).reshape((-1, *(self.shape or ())))
         return FlatBatch(rows, offsets // row_size)
 
     def _read_range(self, start: int, stop: int) -> list[Any]:
@@ -308,6 +318,14 @@ class Reader(ReaderBase):
         if end > start and hasattr(self._data_map, "madvise"):
             page_start = start - start % mmap.PAGESIZE
             self._data_map.madvise(mmap.MADV_WILLNEED, page_start, end - page_start)  # type: ignore[union-attr]
+
+    def prefetch(self, start: int, stop: int) -> None:
+        """Ask the kernel to start reading records [start, stop) into the page cache; advisory, so damage is ignored."""
+        self._check_open()
+        start, stop, _ = slice(start, stop).indices(self._count)
+        if stop > start:
+            end = min(int(self._offsets[stop]), self._data_size)
+            self._prefetch(min(int(self._offsets[start]), end), end)
 
     def __iter__(self) -> Iterator[Any]:
         self._check_open()

@@ -27,7 +27,7 @@ def _le_bytes(values: array) -> bytes:
     return values.tobytes()
 
 
-def flat_payloads(codec: Codec, values: Any, lengths: Any) -> tuple[memoryview, np.ndarray]:
+def flat_payloads(codec: Codec, values: Any, lengths: Any) -> tuple[bytes | bytearray | memoryview, np.ndarray]:
     """The payload bytes of records given flat (see `Writer.extend_flat`) and the byte offset where each ends."""
     if codec.name not in ("bytes", "ndarray"):
         raise RecordTypeError(f"extend_flat takes bytes or ndarray records; {codec.name} records must be encoded one by one")
@@ -143,7 +143,7 @@ class Writer:
         self._record_count += len(ends)
         self._spool_if_full()
 
-    def _add_payload(self, payload: bytes | memoryview, size: int) -> None:
+    def _add_payload(self, payload: bytes | bytearray | memoryview, size: int) -> None:
         if self._data_size + size > fmt.MAX_DATA_SIZE:
             raise VarstoreError(f"the shard would exceed {fmt.MAX_DATA_SIZE} bytes", path=self.path)
         if self._flags:
@@ -176,7 +176,7 @@ class Writer:
         self._data_crc = crc32c(data, self._data_crc)
         self._write("data", data)
 
-    def _write(self, name: str, data: bytes | bytearray) -> None:
+    def _write(self, name: str, data: bytes | bytearray | memoryview) -> None:
         try:
             write_all(self._fds[name], data)
         except OSError as error:
