@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import format as fmt
 from .checksum import crc32c
 from .errors import FormatError, MissingFileError, StorageError
-from .storage import fsync_directory, remove_quietly, storage_error, temporary_path, write_all
+from .storage import remove_quietly, storage_error, temporary_path, write_all
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "varstore-dataset"
@@ -114,19 +115,31 @@ def decode_manifest(raw: bytes, *, path: str) -> Manifest:
 def read_manifest(directory: str) -> Manifest:
     path = os.path.join(directory, MANIFEST_NAME)
     try:
-        with open(path, "rb") as file:
-            raw = file.read(MAX_MANIFEST_SIZE + 1)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO planted here must not block the open
     except FileNotFoundError:
         raise MissingFileError(f"no {MANIFEST_NAME}: not a varstore dataset, or its writer did not finish", path=directory) from None
     except OSError as error:
+        raise storage_error(error, "opening the manifest") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise FormatError("manifest is not a regular file", path=path)
+        if info.st_size > MAX_MANIFEST_SIZE:
+            raise FormatError(f"manifest is {info.st_size} bytes, over the limit of {MAX_MANIFEST_SIZE}", path=path)
+        raw = os.pread(fd, info.st_size, 0)
+    except OSError as error:
         raise storage_error(error, "reading the manifest") from None
-    if len(raw) > MAX_MANIFEST_SIZE:
-        raise FormatError(f"manifest exceeds the limit of {MAX_MANIFEST_SIZE} bytes", path=path)
+    finally:
+        os.close(fd)
     return decode_manifest(raw, path=path)
 
 
-def write_manifest_file(directory: str, manifest: Manifest) -> None:
-    """Commit `manifest` atomically: temporary file, fsync, rename, fsync the directory."""
+def commit_manifest_file(directory: str, manifest: Manifest) -> None:
+    """Commit `manifest` atomically: temporary file, fsync, rename over ``manifest.json``.
+
+    The rename is the commit point: a failure before it leaves the previous
+    manifest untouched. The caller then makes the commit durable with `sync_directory`.
+    """
     final = os.path.join(directory, MANIFEST_NAME)
     temporary = temporary_path(final)
     raw = manifest.encode()
@@ -140,7 +153,6 @@ def write_manifest_file(directory: str, manifest: Manifest) -> None:
         finally:
             os.close(fd)
         os.replace(temporary, final)
-        fsync_directory(directory)
     except OSError as error:
         remove_quietly([temporary])
         raise storage_error(error, "writing the manifest") from None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 import struct
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
@@ -51,13 +52,15 @@ def _map_file(fd: int, size: int) -> mmap.mmap | bytes:
 
 def _open_read(path: str) -> int:
     try:
-        return os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO in a shard's place must not block the open
     except FileNotFoundError:
         raise MissingFileError("no such file", path=path) from None
-    except IsADirectoryError:
-        raise FormatError("is a directory, expected a shard file", path=path) from None
     except OSError as error:
         raise StorageError(f"cannot open: {error.strerror}", path=path) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise FormatError("not a regular file, expected a shard file", path=path)
+    return fd
 
 
 def _describe(indices: list[int]) -> str:

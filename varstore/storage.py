@@ -49,6 +49,17 @@ def fsync_directory(directory: str) -> None:
         os.close(fd)
 
 
+def sync_directory(directory: str) -> None:
+    """`fsync_directory` after a commit: a failure is a StorageError, and the commit stays visible."""
+    try:
+        fsync_directory(directory)
+    except OSError as error:
+        raise StorageError(
+            f"committed, but fsync of the directory failed ({error.strerror or error}): the commit may not survive a power loss",
+            path=directory,
+        ) from None
+
+
 def make_directories(directory: str) -> None:
     """Create `directory` and its missing parents, durably."""
     directory = os.path.abspath(directory)
@@ -68,16 +79,25 @@ def publish(renames: list[tuple[str, str]], *, overwrite: bool) -> None:
     """Rename each (temporary, final) pair in order, then fsync the directories.
 
     The caller orders the pairs so that the last rename is the commit point:
-    until it happens, no reader can see a complete new shard.
+    until it happens, no reader can see a complete new shard. If a rename before
+    it fails, the files already renamed are removed, so no half-published pair is
+    left under the final names; a failure of the directory fsync after the commit
+    point leaves the complete files in place.
     """
     if not overwrite:
         for _, final in renames:
             if os.path.exists(final):
                 raise ShardExistsError("already exists; pass overwrite=True to replace it", path=final)
-    for temporary, final in renames:
-        os.replace(temporary, final)
+    renamed = []
+    try:
+        for temporary, final in renames:
+            os.replace(temporary, final)
+            renamed.append(final)
+    except OSError:
+        remove_quietly(renamed)
+        raise
     for directory in sorted({os.path.dirname(final) for _, final in renames}):
-        fsync_directory(directory)
+        sync_directory(directory)
 
 
 def remove_quietly(paths: list[str]) -> None:

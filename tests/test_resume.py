@@ -1,0 +1,95 @@
+"""ShardedWriter(resume=True): what it adopts, what it discards, and what it refuses."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import varstore
+from varstore.manifest import MANIFEST_NAME
+
+from .helpers_reliability import assert_store_holds, final_index_names, make_records
+
+RECORDS = make_records(50, 40)
+
+
+def interrupted_dataset(directory, shards: int, **options) -> None:
+    """Shards as a writer leaves them when it dies before its manifest: committed, unlisted."""
+    options.setdefault("max_shard_records", 10)
+    writer = varstore.ShardedWriter(directory, **options)
+    writer.extend(RECORDS[: 10 * shards + 3])
+    writer._writer.abort()  # the shard in progress dies with the process
+    writer._writer = None
+    writer._closed = True
+
+
+def resume(directory, **options) -> int:
+    options.setdefault("max_shard_records", 10)
+    with varstore.ShardedWriter(directory, resume=True, **options) as writer:
+        done = len(writer)
+        writer.extend(RECORDS[done:])
+    return done
+
+
+def test_resume_adopts_committed_shards_and_finishes_the_dataset(tmp_path):
+    interrupted_dataset(tmp_path, 2)
+    (tmp_path / "shard-000002.data.varstore-tmp-abcdef").write_bytes(b"left by the dead writer")
+    assert resume(tmp_path) == 20
+    assert_store_holds(tmp_path, RECORDS)
+    assert final_index_names(tmp_path) == [f"shard-{number:06d}" for number in range(4)]
+    assert sorted(os.listdir(tmp_path)) == sorted([MANIFEST_NAME] + [f"shard-{n:06d}{s}" for n in range(4) for s in (".data", ".index")])
+
+
+def test_resume_with_nothing_to_adopt_starts_from_the_beginning(tmp_path):
+    assert resume(tmp_path / "new") == 0
+    assert_store_holds(tmp_path / "new", RECORDS)
+
+
+def test_resume_discards_a_damaged_last_shard(tmp_path):
+    interrupted_dataset(tmp_path, 3)
+    with open(tmp_path / "shard-000002.data", "r+b") as file:
+        file.seek(5)
+        file.write(b"\x00\x01\x02")
+    assert resume(tmp_path) == 20
+    assert_store_holds(tmp_path, RECORDS)
+
+
+def test_resume_discards_a_half_published_last_shard(tmp_path):
+    interrupted_dataset(tmp_path, 3)
+    os.unlink(tmp_path / "shard-000002.index")  # killed between the data and the index rename
+    assert resume(tmp_path) == 20
+    assert_store_holds(tmp_path, RECORDS)
+
+
+def test_resume_refuses_a_damaged_shard_before_the_last(tmp_path):
+    interrupted_dataset(tmp_path, 3)
+    os.truncate(tmp_path / "shard-000000.data", 3)
+    with pytest.raises(varstore.FormatError, match="shard-000000"):
+        varstore.ShardedWriter(tmp_path, resume=True, max_shard_records=10)
+    assert (tmp_path / "shard-000002.index").exists(), "nothing is discarded when resuming is refused"
+
+
+def test_resume_refuses_shards_of_another_codec(tmp_path):
+    interrupted_dataset(tmp_path, 2)
+    with pytest.raises(varstore.RecordTypeError, match="cannot resume: the shard stores codec bytes"):
+        varstore.ShardedWriter(tmp_path, codec="msgpack", resume=True)
+
+
+def test_resume_refuses_a_committed_dataset(tmp_path):
+    with varstore.ShardedWriter(tmp_path) as writer:
+        writer.extend(RECORDS)
+    with pytest.raises(varstore.ShardExistsError, match="resume=True continues only a writer"):
+        varstore.ShardedWriter(tmp_path, resume=True)
+    assert_store_holds(tmp_path, RECORDS)
+
+
+def test_abort_after_resume_keeps_the_adopted_shards_for_the_next_resume(tmp_path):
+    interrupted_dataset(tmp_path, 2)
+    with pytest.raises(RuntimeError):
+        with varstore.ShardedWriter(tmp_path, resume=True, max_shard_records=10) as writer:
+            writer.extend(RECORDS[len(writer) : 35])
+            raise RuntimeError("the job fails again")
+    assert final_index_names(tmp_path) == ["shard-000000", "shard-000001"]
+    assert resume(tmp_path) == 20
+    assert_store_holds(tmp_path, RECORDS)

@@ -1,0 +1,71 @@
+"""The ``varstore`` command: inspect, check, measure, build and combine stores from a shell.
+
+Exit codes: 0 success, 1 a check failed or a store/file could not be read or
+written, 2 a usage error, 130 interrupted. Errors are one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .. import __version__
+from ..errors import RecordIndexError, VarstoreError
+from . import convert, dump, info, merge, stats, verify
+from .errors import FAILURE_EXIT_CODE, USAGE_EXIT_CODE, CommandError
+
+_INTERRUPTED_EXIT_CODE = 130
+_BROKEN_PIPE_EXIT_CODE = 141
+_COMMANDS = (info, dump, verify, stats, convert, merge)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="varstore",
+        description="Inspect, check and build varstore shards and datasets.",
+        epilog="Run 'varstore COMMAND --help' for the options of each command.",
+    )
+    parser.add_argument("--version", action="version", version=f"varstore {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in _COMMANDS:
+        command.add_parser(commands)
+    return parser
+
+
+def _one_line(error: BaseException) -> str:
+    if isinstance(error, OSError) and not isinstance(error, VarstoreError) and error.strerror:
+        message = f"{error.filename}: {error.strerror}" if error.filename else error.strerror
+    else:
+        message = str(error)
+    return " ".join(message.split())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line with `argv` (default: ``sys.argv[1:]``); returns the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit:  # argparse has printed the usage error or the help
+        return exit.code if isinstance(exit.code, int) else USAGE_EXIT_CODE
+    prefix = f"varstore {args.command}: "
+    try:
+        code = args.run(args)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # The reader of our output went away (`varstore dump ... | head`): stop quietly.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return _BROKEN_PIPE_EXIT_CODE
+    except KeyboardInterrupt:
+        print(f"{prefix}interrupted", file=sys.stderr)
+        return _INTERRUPTED_EXIT_CODE
+    except CommandError as error:
+        print(prefix + _one_line(error), file=sys.stderr)
+        return error.exit_code
+    except RecordIndexError as error:
+        print(prefix + _one_line(error), file=sys.stderr)
+        return USAGE_EXIT_CODE
+    except (VarstoreError, OSError) as error:
+        print(prefix + _one_line(error), file=sys.stderr)
+        return FAILURE_EXIT_CODE

@@ -1,0 +1,122 @@
+"""``varstore convert``: build a dataset from .npy arrays, raw token files, JSON Lines, text, folders of files or Parquet."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from typing import Any
+
+import varstore
+
+from .arguments import add_quiet_option, byte_size, json_object, positive_int
+from .errors import CommandError, UsageError
+from .output import format_size, plural, progress_bar
+from .sources import FolderSource, JsonLinesSource, NpySource, ParquetSource, Source, TextSource, TokenSource
+
+_FORMAT_BY_SUFFIX = {".npy": "npy", ".bin": "tokens", ".jsonl": "jsonl", ".ndjson": "jsonl", ".txt": "text", ".parquet": "parquet"}
+# The options each source format reads; any other source option given is a usage error, never silently ignored.
+_FORMAT_OPTIONS = {
+    "npy": {"offsets"},
+    "tokens": {"dtype", "separator"},
+    "jsonl": {"field", "codec"},
+    "text": {"codec"},
+    "folder": set(),
+    "parquet": {"field", "codec"},
+}
+_SOURCE_OPTIONS = ("offsets", "dtype", "separator", "field", "codec")
+
+_EPILOG = """sources (the format is told by the name, or by --format):
+  DIR/             folder: one msgpack record {"name": relative path, "data": bytes} per file, sorted by path
+  FILE.npy         npy: one ndarray record per row, or split along the first axis by --offsets
+  FILE.bin         tokens: raw token ids of --dtype, one record per document between --separator tokens
+  FILE.jsonl       jsonl: one msgpack record per line, or the text of one --field (str, or bytes with --codec)
+  FILE.txt         text: one record per line, line endings removed (str, or bytes with --codec bytes)
+  FILE.parquet     parquet: one msgpack record per row, or one --field column (needs pyarrow)
+
+examples:
+  varstore convert train.bin train/ --dtype uint16 --separator 50256
+  varstore convert docs.jsonl docs/ --field text --max-shard-bytes 512M
+  varstore convert images/ images-ds/"""
+
+
+def add_parser(commands: Any) -> None:
+    parser = commands.add_parser(
+        "convert",
+        help="build a dataset from .npy, token, JSON Lines, text, folder or Parquet sources",
+        description="Build a dataset directory DST from SRC, streaming: memory stays constant whatever the size.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("source", metavar="SRC", help="the file or folder to read")
+    parser.add_argument("destination", metavar="DST", help="the dataset directory to write")
+    parser.add_argument("--format", choices=sorted(_FORMAT_OPTIONS), help="the source format, when its name does not tell")
+    parser.add_argument("--offsets", metavar="FILE.npy",
+                        help="npy: N + 1 row boundaries; record k is rows offsets[k] to offsets[k + 1]")
+    parser.add_argument("--dtype", help="tokens: the integer type of the token ids, e.g. uint16")
+    parser.add_argument("--separator", type=int, metavar="TOKEN", help="tokens: the token id that ends each document")
+    parser.add_argument("--field", help="jsonl, parquet: store only this text (or binary) field of each sample")
+    parser.add_argument("--codec", choices=("str", "bytes"),
+                        help="text, and jsonl or parquet with --field: store str records (default) or UTF-8 bytes")
+    parser.add_argument("--max-shard-bytes", type=byte_size, default=256 << 20, metavar="SIZE",
+                        help="start a new shard before one grows past SIZE of payload, e.g. 64M, 1G (default 256M)")
+    parser.add_argument("--max-shard-records", type=positive_int, metavar="N", help="at most N records per shard")
+    parser.add_argument("--metadata", type=json_object, metavar="JSON", help="user metadata, a JSON object")
+    parser.add_argument("--overwrite", action="store_true", help="replace a dataset already at DST")
+    add_quiet_option(parser)
+    parser.set_defaults(run=run)
+
+
+def _source_format(args: argparse.Namespace) -> str:
+    if args.format is not None:
+        return args.format
+    if os.path.isdir(args.source):
+        return "folder"
+    suffix = os.path.splitext(args.source)[1].lower()
+    if suffix not in _FORMAT_BY_SUFFIX:
+        raise UsageError(f"cannot tell the format of {args.source} from its name; pass --format ({', '.join(sorted(_FORMAT_OPTIONS))})")
+    return _FORMAT_BY_SUFFIX[suffix]
+
+
+def _open_source(args: argparse.Namespace) -> Source:
+    """The source the arguments describe, with every option checked against its format."""
+    if not os.path.exists(args.source):
+        raise CommandError(f"{args.source}: no such file or folder")
+    kind = _source_format(args)
+    for option in _SOURCE_OPTIONS:
+        if getattr(args, option) is not None and option not in _FORMAT_OPTIONS[kind]:
+            raise UsageError(f"--{option} does not apply to {kind} sources")
+    if (kind == "folder") != os.path.isdir(args.source):
+        raise UsageError(f"{args.source}: the {kind} format needs {'a folder' if kind == 'folder' else 'a file'}")
+    if kind == "npy":
+        return NpySource(args.source, args.offsets)
+    if kind == "tokens":
+        if args.dtype is None or args.separator is None:
+            raise UsageError("a token file needs --dtype (e.g. uint16) and --separator (the end-of-document token id)")
+        return TokenSource(args.source, args.dtype, args.separator)
+    if kind == "jsonl":
+        return JsonLinesSource(args.source, args.field, args.codec)
+    if kind == "text":
+        return TextSource(args.source, args.codec)
+    if kind == "parquet":
+        return ParquetSource(args.source, args.field, args.codec)
+    return FolderSource(args.source)
+
+
+def run(args: argparse.Namespace) -> int:
+    source = _open_source(args)
+    started = time.perf_counter()
+    with varstore.ShardedWriter(
+        args.destination, codec=source.codec, dtype=source.dtype, shape=source.shape, metadata=args.metadata,
+        max_shard_bytes=args.max_shard_bytes, max_shard_records=args.max_shard_records, overwrite=args.overwrite,
+    ) as writer:
+        with progress_bar(source.total, description="convert", unit=source.unit, quiet=args.quiet) as progress:
+            source.write_to(writer, progress)
+    seconds = time.perf_counter() - started
+    with varstore.ShardedReader(args.destination) as dataset:
+        payload = sum(entry.data_size for entry in dataset.manifest.shards)
+        shards = len(dataset.manifest.shards)
+        records = len(dataset)
+    print(f"wrote {plural(records, 'record')} in {plural(shards, 'shard')} ({format_size(payload)}) "
+          f"to {args.destination} in {seconds:.2f} s")
+    return 0

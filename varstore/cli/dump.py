@@ -1,0 +1,148 @@
+"""``varstore dump``: print records decoded by their codec, as JSON lines, or as their exact payload bytes."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Iterator
+
+import numpy as np
+
+import varstore
+
+from ..record_json import to_json
+from .arguments import STORE_HELP, non_negative_int
+from .errors import UsageError
+from .output import plural, print_json
+from .render import hex_view, render_array, render_sample, render_text
+
+_CHUNK_RECORDS = 256
+
+
+def add_parser(commands: Any) -> None:
+    parser = commands.add_parser(
+        "dump",
+        help="print records",
+        description="Print records decoded by their codec: arrays with dtype, shape and values, structured samples "
+        "as JSON-like text, text quoted, bytes as a hex and ASCII view. Prints every record unless told which.",
+        epilog="examples:\n  varstore dump docs -i 0 -i -1\n  varstore dump train/ --range=-10:\n"
+        "  varstore dump docs --head 5 --json | jq .record\n  varstore dump images -i 3 --raw > image3.jpg",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("path", help=STORE_HELP)
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("-i", "--index", type=int, action="append", metavar="INDEX",
+                       help="a record to print (repeatable); negative counts from the end")
+    which.add_argument("--range", metavar="A:B",
+                       help="records A (included) to B (excluded); negative values count from the end, either may be "
+                       "left out; write --range=-10: when A is negative")
+    which.add_argument("--head", type=non_negative_int, metavar="N", help="the first N records")
+    which.add_argument("--tail", type=non_negative_int, metavar="N", help="the last N records")
+    style = parser.add_mutually_exclusive_group()
+    style.add_argument("--json", action="store_true",
+                       help='one JSON object per line: {"index", "size", "record"}; bytes are {"$bytes": hex}, '
+                       'arrays {"$array": {"dtype", "shape", "values"}}')
+    style.add_argument("--raw", action="store_true", help="write the exact payload bytes to stdout, back to back")
+    parser.add_argument("--limit", type=non_negative_int, default=256, metavar="N",
+                        help="show at most N bytes of a hex view, characters of text or elements of an array "
+                        "(default 256; 0 shows everything)")
+    parser.set_defaults(run=run)
+
+
+def _parse_range(text: str, count: int) -> range:
+    start_text, separator, stop_text = text.partition(":")
+    try:
+        if not separator:
+            raise ValueError
+        bounds = [int(part) if part.strip() else default for part, default in ((start_text, 0), (stop_text, count))]
+    except ValueError:
+        raise UsageError(f"--range takes A:B with integers A and B (either may be left out), not {text!r}") from None
+    for bound in bounds:
+        if not -count <= bound <= count:
+            raise UsageError(f"--range bound {bound} is out of range for {count} records")
+    start, stop = (bound + count if bound < 0 else bound for bound in bounds)
+    if start > stop:
+        raise UsageError(f"--range {text} starts at record {start}, after its end {stop}")
+    return range(start, stop)
+
+
+def _selected_indices(args: argparse.Namespace, count: int) -> np.ndarray | range:
+    """The records the arguments ask for, checked against `count`, negatives resolved."""
+    if args.index is not None:
+        for index in args.index:
+            if not -count <= index < count:
+                raise UsageError(f"record {index} is out of range for {count} records (valid: {-count} to {count - 1})")
+        return np.array([index + count if index < 0 else index for index in args.index], np.int64)
+    if args.range is not None:
+        return _parse_range(args.range, count)
+    if args.head is not None:
+        return range(min(args.head, count))
+    if args.tail is not None:
+        return range(max(0, count - args.tail), count)
+    return range(count)
+
+
+def _chunks(indices: np.ndarray | range) -> Iterator[np.ndarray]:
+    for start in range(0, len(indices), _CHUNK_RECORDS):
+        yield np.asarray(indices[start : start + _CHUNK_RECORDS], np.int64)
+
+
+def _payload_sizes(store: varstore.Reader | varstore.ShardedReader, indices: np.ndarray) -> list[int]:
+    """The payload size in bytes of each record at `indices` (already checked), read from the offsets."""
+    if isinstance(store, varstore.Reader):
+        shards, local, readers = np.zeros(len(indices), np.int64), indices, {0: store}
+    else:
+        shards = np.searchsorted(store.shard_starts, indices, side="right") - 1
+        local = indices - store.shard_starts[shards]
+        readers = {int(shard): store.shard(int(shard)) for shard in np.unique(shards)}
+    sizes = np.zeros(len(indices), np.int64)
+    for shard, reader in readers.items():
+        mask = shards == shard
+        offsets = reader.offsets
+        sizes[mask] = offsets[local[mask] + 1] - offsets[local[mask]]
+    return sizes.tolist()
+
+
+def _write_raw(store: varstore.Reader | varstore.ShardedReader, indices: np.ndarray | range) -> None:
+    output = sys.stdout.buffer
+    for chunk in _chunks(indices):
+        output.write(store.get_batch_flat(chunk).values.tobytes())
+    output.flush()
+
+
+def _describe_record(record: Any, size: int) -> str:
+    if isinstance(record, np.ndarray):
+        return f"{plural(size, 'byte')}, {record.dtype.name} {tuple(record.shape)}"
+    if isinstance(record, str):
+        return f"{plural(size, 'byte')}, {plural(len(record), 'character')}"
+    return plural(size, "byte")
+
+
+def _print_record(index: int, size: int, record: Any, codec: str, limit: int) -> None:
+    print(f"record {index}: {_describe_record(record, size)}")
+    if codec == "bytes":
+        body = hex_view(record, limit)
+    elif codec == "str":
+        body = render_text(record, limit)
+    elif codec == "ndarray":
+        body = render_array(record, limit)
+    else:
+        body = render_sample(record, limit)
+    if body:
+        print(body)
+
+
+def run(args: argparse.Namespace) -> int:
+    with varstore.open(args.path) as store:
+        indices = _selected_indices(args, len(store))
+        if args.raw:
+            _write_raw(store, indices)
+            return 0
+        for chunk in _chunks(indices):
+            records = store.get_batch(chunk)
+            for index, size, record in zip(chunk.tolist(), _payload_sizes(store, chunk), records):
+                if args.json:
+                    print_json({"index": index, "size": size, "record": to_json(record)})
+                else:
+                    _print_record(index, size, record, store.codec, args.limit)
+    return 0

@@ -1,0 +1,137 @@
+"""``varstore info``: what a shard or dataset holds, from headers and the manifest alone (instant at any size)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+import varstore
+
+from .. import format as fmt
+from ..codecs import make_codec
+from ..manifest import MANIFEST_NAME, MANIFEST_VERSION
+from .arguments import add_store_arguments
+from .output import describe_codec, format_count, format_size, format_size_exactly, print_fields, print_json, print_table
+
+
+def add_parser(commands: Any) -> None:
+    parser = commands.add_parser(
+        "info",
+        help="describe a shard or dataset",
+        description="Describe a shard or dataset: format version, codec, record count, sizes, checksums, "
+        "metadata and shards. Reads only headers and the manifest, so it is instant at any size.",
+    )
+    add_store_arguments(parser)
+    parser.set_defaults(run=run)
+
+
+def _read_header(index_path: str) -> fmt.Header:
+    with open(index_path, "rb") as file:
+        return fmt.unpack_header(file.read(fmt.HEADER_SIZE), index_size=os.fstat(file.fileno()).st_size, path=index_path)
+
+
+def _shard_facts(header: fmt.Header) -> dict[str, Any]:
+    return {
+        "format_version": [fmt.MAJOR_VERSION, header.minor_version],
+        "record_checksums": header.has_record_checksums,
+        "record_count": header.record_count,
+        "data_size": header.data_size,
+        "index_size": header.index_size,
+    }
+
+
+def _uniform(values: list[Any]) -> Any:
+    """The value every shard shares, or None when they differ."""
+    return values[0] if values and all(value == values[0] for value in values) else None
+
+
+def _describe(store: varstore.Reader | varstore.ShardedReader) -> dict[str, Any]:
+    """The facts `info` reports, as JSON-ready values."""
+    facts: dict[str, Any] = {"path": store.path}
+    if isinstance(store, varstore.Reader):
+        facts["kind"] = "shard"
+        facts.update(_shard_facts(store.header))
+        facts["data_crc32c"] = store.header.data_crc32c
+        facts["file_size"] = store.header.data_size + store.header.index_size
+    else:
+        shards = [
+            {"name": entry.name, **_shard_facts(_read_header(fmt.shard_paths(prefix)[1]))}
+            for entry, prefix in zip(store.manifest.shards, store.shard_paths)
+        ]
+        facts["kind"] = "dataset"
+        facts["manifest_version"] = MANIFEST_VERSION
+        facts["format_version"] = _uniform([shard["format_version"] for shard in shards])
+        facts["record_checksums"] = _uniform([shard["record_checksums"] for shard in shards])
+        facts["record_count"] = len(store)
+        facts["data_size"] = sum(shard["data_size"] for shard in shards)
+        facts["index_size"] = sum(shard["index_size"] for shard in shards)
+        manifest_size = os.path.getsize(os.path.join(store.path, MANIFEST_NAME))
+        facts["file_size"] = facts["data_size"] + facts["index_size"] + manifest_size
+        facts["shards"] = shards
+    facts["codec"] = store.codec
+    facts["codec_params"] = make_codec(store.codec, dtype=store.dtype, shape=store.shape).params()
+    facts["metadata"] = store.metadata
+    return facts
+
+
+def _checksums_text(facts: dict[str, Any]) -> str:
+    whole = "of each whole data file" if facts["kind"] == "dataset" else "of the whole data file"
+    if facts["record_checksums"] is None:
+        with_checksums = sum(shard["record_checksums"] for shard in facts["shards"])
+        return f"CRC32C per record in {with_checksums} of {len(facts['shards'])} shards; CRC32C {whole}"
+    if facts["record_checksums"]:
+        return f"CRC32C per record and {whole}"
+    return f"no per-record checksums; CRC32C {whole} only"
+
+
+def _format_text(facts: dict[str, Any]) -> str:
+    version = facts["format_version"]
+    return "mixed (see shards)" if version is None else f"varstore {version[0]}.{version[1]}"
+
+
+def _print_text(facts: dict[str, Any], store: varstore.Reader | varstore.ShardedReader) -> None:
+    count, payload = facts["record_count"], facts["data_size"]
+    on_disk = f"{format_size_exactly(facts['file_size'])}: data {payload:,} + index {facts['index_size']:,}"
+    if facts["kind"] == "dataset":
+        on_disk += f" + manifest {facts['file_size'] - payload - facts['index_size']:,}"
+    on_disk += " bytes"
+    if payload:
+        on_disk += f" ({100 * (facts['file_size'] - payload) / payload:.2f}% over the payload)"
+    payload_text = format_size_exactly(payload)
+    if count:
+        payload_text += f", {payload / count:,.1f} bytes per record on average"
+    if facts["kind"] == "shard":
+        kind = f"shard ({os.path.basename(store.index_path)} + {os.path.basename(store.data_path)})"
+    else:
+        kind = f"dataset ({MANIFEST_NAME} version {facts['manifest_version']}, {len(facts['shards'])} shards)"
+    print_fields([
+        ("path", facts["path"]),
+        ("kind", kind),
+        ("format", _format_text(facts)),
+        ("codec", describe_codec(store.codec, store.dtype, store.shape)),
+        ("records", format_count(count)),
+        ("payload", payload_text),
+        ("on disk", on_disk),
+        ("checksums", _checksums_text(facts)),
+        ("metadata", json.dumps(facts["metadata"], ensure_ascii=False, sort_keys=True)),
+    ])
+    if facts["kind"] == "dataset" and facts["shards"]:
+        print("shards")
+        rows = [
+            [shard["name"], format_count(shard["record_count"]), format_size(shard["data_size"]),
+             format_size(shard["index_size"]), "yes" if shard["record_checksums"] else "no"]
+            for shard in facts["shards"]
+        ]
+        print_table(["name", "records", "payload", "index", "record CRCs"], rows, align="lrrrr", indent="  ")
+
+
+def run(args: argparse.Namespace) -> int:
+    with varstore.open(args.path) as store:
+        facts = _describe(store)
+        if args.json:
+            print_json(facts)
+        else:
+            _print_text(facts, store)
+    return 0

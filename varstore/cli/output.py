@@ -1,0 +1,106 @@
+"""How the commands show results: sizes and counts for people, JSON for programs, progress bars on stderr."""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+_UNITS = ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+_PROGRESS_DELAY_SECONDS = 0.5
+
+
+def format_count(count: int) -> str:
+    return f"{count:,}"
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 shard``, ``1,000 shards``."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
+def listing(items: Sequence[Any], most: int = 20) -> str:
+    """``a, b, c`` or, past `most` items, ``a, b and 98 more``."""
+    shown = ", ".join(map(str, items[:most]))
+    return shown + (f" and {len(items) - most:,} more" if len(items) > most else "")
+
+
+def format_size(size: float) -> str:
+    """`size` bytes in binary units: ``512 bytes``, ``1.5 MiB``."""
+    unit = 0
+    while size >= 1024 and unit < len(_UNITS) - 1:
+        size /= 1024
+        unit += 1
+    return f"{int(size):,} bytes" if unit == 0 else f"{size:.1f} {_UNITS[unit]}"
+
+
+def format_size_exactly(size: int) -> str:
+    """``1.5 MiB (1,572,864 bytes)``, or just ``100 bytes``."""
+    return format_size(size) if size < 1024 else f"{format_size(size)} ({size:,} bytes)"
+
+
+def describe_codec(codec: str, dtype: np.dtype | None, shape: tuple[int, ...] | None) -> str:
+    """A codec and its parameters as a person reads them: ``ndarray: uint16, records of shape (L, 3)``."""
+    if dtype is None:
+        return codec
+    dimensions = ", ".join(["L", *map(str, shape or ())])
+    return f"{codec}: {dtype.name}, records of shape ({dimensions}{'' if shape else ','})"
+
+
+def print_json(value: Any) -> None:
+    """One JSON document on one line of stdout."""
+    print(json.dumps(value, ensure_ascii=False))
+
+
+def print_fields(fields: Sequence[tuple[str, str]]) -> None:
+    """``name   value`` lines with the values aligned."""
+    width = max((len(name) for name, _ in fields), default=0)
+    for name, value in fields:
+        print(f"{name:<{width}}  {value}")
+
+
+def print_table(header: Sequence[str], rows: Sequence[Sequence[str]], *, align: str, indent: str = "") -> None:
+    """Columns as wide as their widest cell, each left- or right-aligned by its letter in `align` (``l`` or ``r``)."""
+    widths = [max(len(row[column]) for row in [header, *rows]) for column in range(len(header))]
+    for row in [header, *rows]:
+        cells = [cell.ljust(width) if side == "l" else cell.rjust(width) for cell, width, side in zip(row, widths, align)]
+        print(indent + "  ".join(cells).rstrip())
+
+
+class Progress:
+    """Called with each amount done: counts it in `done` and moves the progress bar, if one is shown."""
+
+    def __init__(self, bar: Any = None) -> None:
+        self.done = 0
+        self._bar = bar
+
+    def __call__(self, amount: int) -> None:
+        self.done += amount
+        if self._bar is not None:
+            self._bar.update(amount)
+
+
+@contextmanager
+def progress_bar(total: int | None, *, description: str, unit: str = "B", quiet: bool = False) -> Iterator[Progress]:
+    """A `Progress` that drives a tqdm bar on stderr.
+
+    The bar stays off with `quiet`, when stderr is not a terminal (logs, pipes),
+    and for jobs that end within half a second.
+    """
+    if quiet or not sys.stderr.isatty():
+        yield Progress()
+        return
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        print("varstore: progress bars need tqdm: pip install 'varstore[cli]'", file=sys.stderr)
+        yield Progress()
+        return
+    with tqdm(
+        total=total, desc=description, unit=unit, unit_scale=True, unit_divisor=1024 if unit == "B" else 1000,
+        file=sys.stderr, delay=_PROGRESS_DELAY_SECONDS, leave=False,
+    ) as bar:
+        yield Progress(bar)

@@ -1,0 +1,92 @@
+"""Decoded records as text for people: hex views of bytes, quoted text, arrays and structured samples, all capped in length."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import numpy as np
+
+_HEX_ROW_BYTES = 16
+_INLINE_PREVIEW_BYTES = 16
+_INLINE_WIDTH = 100
+_INDENT = "  "
+
+
+def _cap(limit: int) -> int:
+    return sys.maxsize if limit == 0 else limit
+
+
+def hex_view(data: bytes | memoryview, limit: int) -> str:
+    """Rows of ``offset: hex pairs  ascii`` like ``xxd``, showing at most `limit` bytes (0: all)."""
+    if not len(data):
+        return "(empty)"
+    shown = bytes(data[: _cap(limit)])
+    rows = []
+    for offset in range(0, len(shown), _HEX_ROW_BYTES):
+        row = shown[offset : offset + _HEX_ROW_BYTES]
+        pairs = " ".join(row[start : start + 2].hex() for start in range(0, len(row), 2))
+        text = "".join(chr(byte) if 32 <= byte < 127 else "." for byte in row)
+        rows.append(f"{offset:08x}: {pairs:<39}  {text}")
+    if len(data) > len(shown):
+        rows.append(f"... {len(data) - len(shown):,} more bytes (--limit 0 shows all, --raw writes them)")
+    return "\n".join(rows)
+
+
+def render_text(text: str, limit: int) -> str:
+    """`text` quoted and escaped as a JSON string, cut after `limit` characters (0: all)."""
+    shown = text[: _cap(limit)]
+    quoted = json.dumps(shown, ensure_ascii=False)
+    if len(text) > len(shown):
+        quoted += f"... ({len(text) - len(shown):,} more characters)"
+    return quoted
+
+
+def render_array(array: np.ndarray, limit: int) -> str:
+    """An array's values; past `limit` elements (0: never) numpy shows only the first and last few."""
+    return np.array2string(array, threshold=_cap(limit), separator=" ")
+
+
+def _inline_array(array: np.ndarray, limit: int) -> str:
+    values = " ".join(render_array(array, limit).split())
+    return f"<ndarray {array.dtype.name} {tuple(array.shape)}: {values}>"
+
+
+def _inline_bytes(data: bytes, limit: int) -> str:
+    shown = data[: min(_cap(limit), _INLINE_PREVIEW_BYTES)]
+    more = "..." if len(data) > len(shown) else ""
+    return f"<{len(data):,} bytes: {shown.hex()}{more}>"
+
+
+def _leaf(value: Any, limit: int) -> str:
+    if isinstance(value, np.ndarray):
+        return _inline_array(value, limit)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return _inline_bytes(bytes(value), limit)
+    if isinstance(value, str):
+        return render_text(value, limit)
+    return json.dumps(value)
+
+
+def _inline(value: Any, limit: int) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_leaf(key, limit)}: {_inline(item, limit)}" for key, item in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_inline(item, limit) for item in value) + "]"
+    return _leaf(value, limit)
+
+
+def render_sample(value: Any, limit: int, indent: str = "") -> str:
+    """A structured sample as JSON-like text: one line when it is short, else one item per line."""
+    inline = _inline(value, limit)
+    if len(indent) + len(inline) <= _INLINE_WIDTH or not isinstance(value, (dict, list)) or not value:
+        return inline
+    inner = indent + _INDENT
+    if isinstance(value, dict):
+        items = [f"{inner}{_leaf(key, limit)}: {render_sample(item, limit, inner)}" for key, item in value.items()]
+        opening, closing = "{", "}"
+    else:
+        items = [inner + render_sample(item, limit, inner) for item in value]
+        opening, closing = "[", "]"
+    return opening + "\n" + ",\n".join(items) + "\n" + indent + closing

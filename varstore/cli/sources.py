@@ -1,0 +1,305 @@
+"""What ``varstore convert`` reads: one class per source format, each streaming its records into a writer.
+
+Every source reads in bounded pieces (memory maps for arrays and token files,
+line by line for text, batches for Parquet), so memory stays constant whatever
+the file size. Errors name the file and the line, row or record concerned.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterator
+
+import numpy as np
+
+from ..codecs import canonical_dtype
+from ..errors import RecordTypeError
+from ..sharded_writer import ShardedWriter
+from .errors import CommandError, UsageError, require_extra
+from .output import Progress
+
+_CHUNK_BYTES = 16 << 20
+_PROGRESS_STEP_BYTES = 1 << 20
+_PARQUET_BATCH_ROWS = 4096
+
+
+class Source:
+    """A source file: the writer settings its records need, how much work there is, and the records."""
+
+    codec = "bytes"
+    dtype: np.dtype | None = None
+    shape: tuple[int, ...] = ()
+    unit = "B"
+    total: int | None = None
+
+    def write_to(self, writer: ShardedWriter, progress: Progress) -> None:
+        raise NotImplementedError
+
+
+def _append(writer: ShardedWriter, record: Any, where: str) -> None:
+    try:
+        writer.append(record)
+    except RecordTypeError as error:
+        raise CommandError(f"{where}: {error}") from None
+
+
+class NpySource(Source):
+    """A ``.npy`` array, one record per row, or split along its first axis by an offsets ``.npy`` file."""
+
+    codec = "ndarray"
+
+    def __init__(self, path: str, offsets_path: str | None) -> None:
+        self.path = path
+        self.array = _map_npy(path)
+        if self.array.ndim == 0:
+            raise CommandError(f"{path}: holds a single value, not rows of records")
+        try:
+            self.dtype = canonical_dtype(self.array.dtype)
+        except RecordTypeError as error:
+            raise CommandError(f"{path}: {error}") from None
+        self.total = self.array.nbytes
+        if offsets_path is None:
+            self.offsets = None
+            self.shape = self.array.shape[2:]
+        else:
+            self.offsets = _checked_offsets(offsets_path, len(self.array))
+            self.shape = self.array.shape[1:]
+
+    def write_to(self, writer: ShardedWriter, progress: Progress) -> None:
+        if self.offsets is None:
+            self._write_rows(writer, progress)
+        else:
+            self._write_splits(writer, progress)
+
+    def _write_rows(self, writer: ShardedWriter, progress: Progress) -> None:
+        array = self.array
+        rows_per_chunk = max(1, _CHUNK_BYTES // max(1, array[:1].nbytes))
+        length = array.shape[1] if array.ndim > 1 else 1
+        for start in range(0, len(array), rows_per_chunk):
+            chunk = array[start : start + rows_per_chunk]
+            writer.extend_flat(chunk.reshape((-1, *self.shape)), np.full(len(chunk), length, np.int64))
+            progress(chunk.nbytes)
+
+    def _write_splits(self, writer: ShardedWriter, progress: Progress) -> None:
+        array, offsets = self.array, self.offsets
+        assert offsets is not None
+        rows_per_chunk = max(1, _CHUNK_BYTES // max(1, array[:1].nbytes))
+        count, first = len(offsets) - 1, 0
+        while first < count:
+            last = int(np.searchsorted(offsets, offsets[first] + rows_per_chunk, side="right")) - 1
+            last = min(count, max(first + 1, last))
+            values = array[int(offsets[first]) : int(offsets[last])]
+            writer.extend_flat(values, np.diff(offsets[first : last + 1]).astype(np.int64))
+            progress(values.nbytes)
+            first = last
+
+
+def _map_npy(path: str) -> np.ndarray:
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except ValueError as error:
+        raise CommandError(f"{path}: not an .npy array that can be memory-mapped: {error}") from None
+
+
+def _checked_offsets(path: str, rows: int) -> np.ndarray:
+    """Record boundaries from an .npy file: N + 1 non-decreasing integers from 0 to `rows`."""
+    offsets = _map_npy(path)
+    if offsets.ndim != 1 or offsets.dtype.kind not in "iu" or len(offsets) == 0:
+        raise CommandError(f"{path}: offsets must be a 1-D integer array of N + 1 boundaries, found {offsets.dtype} {offsets.shape}")
+    if offsets[0] != 0 or offsets[-1] != rows:
+        raise CommandError(f"{path}: offsets must run from 0 to the array's {rows} rows, found {offsets[0]} to {offsets[-1]}")
+    step = _CHUNK_BYTES // offsets.itemsize
+    for start in range(0, len(offsets) - 1, step):
+        drops = np.flatnonzero(np.diff(offsets[start : start + step + 1]) < 0)
+        if drops.size:
+            raise CommandError(f"{path}: offsets decrease after position {start + int(drops[0])}")
+    return offsets
+
+
+class TokenSource(Source):
+    """A raw token file (nanoGPT's ``.bin``): one integer dtype, documents split at a separator token.
+
+    Records are the runs of tokens between separators, which are dropped; the
+    tokens after the last separator, if any, form the last record; adjacent
+    separators make empty records.
+    """
+
+    codec = "ndarray"
+
+    def __init__(self, path: str, dtype: str, separator: int) -> None:
+        self.path = path
+        try:
+            self.dtype = canonical_dtype(dtype)
+        except RecordTypeError as error:
+            raise UsageError(f"--dtype: {error}") from None
+        if self.dtype.kind not in "iu":
+            raise UsageError(f"--dtype must be an integer type for token ids, not {self.dtype.name}")
+        limits = np.iinfo(self.dtype)
+        if not limits.min <= separator <= limits.max:
+            raise UsageError(f"--separator {separator} does not fit {self.dtype.name} [{limits.min}, {limits.max}]")
+        self.separator = separator
+        size = os.path.getsize(path)
+        if size % self.dtype.itemsize:
+            raise CommandError(f"{path}: {size} bytes is not a whole number of {self.dtype.itemsize}-byte {self.dtype.name} tokens")
+        self.total = size
+
+    def write_to(self, writer: ShardedWriter, progress: Progress) -> None:
+        if not self.total:
+            return
+        tokens = np.memmap(self.path, self.dtype, mode="r")
+        chunk_tokens = _CHUNK_BYTES // self.dtype.itemsize
+        start = 0  # where the current record began
+        for chunk_start in range(0, len(tokens), chunk_tokens):
+            chunk = tokens[chunk_start : chunk_start + chunk_tokens]
+            separators = np.flatnonzero(chunk == self.separator) + chunk_start
+            if separators.size:
+                # The first record may have begun in an earlier chunk: append it as a view of the map.
+                writer.append(tokens[start : separators[0]])
+                between = tokens[separators[0] + 1 : separators[-1]]
+                writer.extend_flat(between[between != self.separator], np.diff(separators) - 1)
+                start = int(separators[-1]) + 1
+            progress(chunk.nbytes)
+        if start < len(tokens):
+            writer.append(tokens[start:])
+
+
+def _lines(path: str, progress: Progress) -> Iterator[tuple[int, bytes]]:
+    """(line number, line without its line ending), reporting bytes read."""
+    pending = 0
+    with open(path, "rb") as file:
+        for number, line in enumerate(file, 1):
+            pending += len(line)
+            if pending >= _PROGRESS_STEP_BYTES:
+                progress(pending)
+                pending = 0
+            yield number, line.rstrip(b"\n").removesuffix(b"\r")
+    progress(pending)
+
+
+def _field_record(value: Any, codec: str, where: str) -> str | bytes:
+    """A text (or, for the bytes codec, text or bytes) field value as the record for `codec`."""
+    if isinstance(value, str):
+        return value if codec == "str" else value.encode("utf-8")
+    if isinstance(value, bytes) and codec == "bytes":
+        return value
+    expected = "text" if codec == "str" else "text or bytes"
+    found = "null" if value is None else type(value).__name__
+    raise CommandError(f"{where}: the field holds {found}, expected {expected}")
+
+
+class JsonLinesSource(Source):
+    """JSON Lines: each line a structured sample (msgpack), or one text field of it (str or bytes)."""
+
+    def __init__(self, path: str, field: str | None, codec: str | None) -> None:
+        if codec is not None and field is None:
+            raise UsageError("--codec applies to JSON Lines only with --field; whole samples are stored as msgpack")
+        self.path, self.field = path, field
+        self.codec = "msgpack" if field is None else codec or "str"
+        self.total = os.path.getsize(path)
+
+    def write_to(self, writer: ShardedWriter, progress: Progress) -> None:
+        for number, line in _lines(self.path, progress):
+            if not line.strip():
+                continue
+            where = f"{self.path}, line {number}"
+            try:
+                sample = json.loads(line.decode("utf-8"))
+            except ValueError as error:
+                raise CommandError(f"{where}: not valid JSON: {error}") from None
+            if self.field is not None:
+                if not isinstance(sample, dict) or self.field not in sample:
+                    raise CommandError(f"{where}: no field {self.field!r} in this line")
+                sample = _field_record(sample[self.field], self.codec, f"{where}, field {self.field!r}")
+            _append(writer, sample, where)
+
+
+class TextSource(Source):
+    """A text file, one record per line (line endings removed); str records, or bytes with no decoding."""
+
+    def __init__(self, path: str, codec: str | None) -> None:
+        self.path = path
+        self.codec = codec or "str"
+        self.total = os.path.getsize(path)
+
+    def write_to(self, writer: ShardedWriter, progress: Progress) -> None:
+        for number, line in _lines(self.path, progress):
+            if self.codec == "bytes":
+                writer.append(line)
+                continue
+            try:
+                text = line.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise CommandError(f"{self.path}, line {number}: not valid UTF-8 ({error}); --codec bytes keeps raw bytes") from None
+            writer.append(text)
+
+
+class FolderSource(Source):
+    """A folder of files, one msgpack record per file: ``{"name": relative path, "data": bytes}``, sorted by name.
+
+    Links to files are read; links to folders are refused rather than followed (they may loop).
+    """
+
+    codec = "msgpack"
+    unit = "file"
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def write_to(self, writer: ShardedWriter, progress: Progress) -> None:
+        for path, name in _files_in(self.path, ""):
+            if not os.path.isfile(path):
+                raise CommandError(f"{path}: not a regular file; convert reads regular files and links to them")
+            with open(path, "rb") as file:
+                data = file.read()
+            writer.append({"name": name, "data": data})
+            progress(1)
+
+
+def _files_in(directory: str, prefix: str) -> Iterator[tuple[str, str]]:
+    """(path, name relative to the top folder with / separators) of every file below `directory`, sorted by name."""
+    with os.scandir(directory) as entries:
+        ordered = sorted(entries, key=lambda entry: entry.name)
+    for entry in ordered:
+        if entry.is_dir(follow_symlinks=False):
+            yield from _files_in(entry.path, f"{prefix}{entry.name}/")
+        else:
+            yield entry.path, prefix + entry.name
+
+
+class ParquetSource(Source):
+    """A Parquet file through pyarrow: each row a structured sample (msgpack), or one text or binary column."""
+
+    unit = "row"
+
+    def __init__(self, path: str, field: str | None, codec: str | None) -> None:
+        parquet = require_extra("pyarrow.parquet", "parquet", "converting Parquet")
+        self.path, self.field = path, field
+        try:
+            self.file = parquet.ParquetFile(path)
+        except (ValueError, OSError) as error:  # pyarrow's ArrowInvalid and ArrowIOError derive from these
+            raise CommandError(f"{path}: not a Parquet file pyarrow can read: {error}") from None
+        schema = self.file.schema_arrow
+        self.total = self.file.metadata.num_rows
+        if field is None:
+            if codec is not None:
+                raise UsageError("--codec applies to Parquet only with --field; whole rows are stored as msgpack")
+            self.codec = "msgpack"
+            return
+        if field not in schema.names:
+            raise UsageError(f"{path} has no column {field!r}; its columns are {', '.join(schema.names)}")
+        column_type = str(schema.field(field).type)
+        self.codec = codec or ("bytes" if "binary" in column_type else "str")
+
+    def write_to(self, writer: ShardedWriter, progress: Progress) -> None:
+        columns = None if self.field is None else [self.field]
+        row = 0
+        for batch in self.file.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=columns):
+            values = batch.to_pylist() if self.field is None else batch.column(0).to_pylist()
+            for value in values:
+                where = f"{self.path}, row {row}"
+                if self.field is not None:
+                    value = _field_record(value, self.codec, f"{where}, column {self.field!r}")
+                _append(writer, value, where)
+                row += 1
+            progress(len(values))
