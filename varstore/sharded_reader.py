@@ -216,6 +216,15 @@ class ShardedReader(ReaderBase):
         rows = np.repeat(grouped_starts[inverse] - offsets[:-1], lengths) + np.arange(int(offsets[-1]), dtype=np.int64)
         return FlatBatch(grouped_values[rows], offsets)
 
+    def prefetch(self, start: int, stop: int) -> None:
+        """Ask the kernel to start reading records [start, stop) of each shard they span into the page cache."""
+        start, stop, _ = slice(start, stop).indices(self._count)
+        position = bisect.bisect_right(self._start_list, start) - 1
+        while start < stop:
+            shard_start, shard_stop = self._start_list[position], self._start_list[position + 1]
+            self.shard(position).prefetch(start - shard_start, min(stop, shard_stop) - shard_start)
+            start, position = shard_stop, position + 1
+
     def __iter__(self) -> Iterator[Any]:
         for position in range(len(self.manifest.shards)):
             yield from self.shard(position)

@@ -1,0 +1,88 @@
+"""`ExactlyOnceSampler`: a distributed, shuffling, resumable sampler that never pads or drops."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Sized
+
+import numpy as np
+from torch.utils.data import Sampler
+
+from ..errors import VarstoreError
+from .distributed import rank_and_world_size
+from .permutation import Permutation, derive_key
+from .resume import check_resume_state
+
+_CHUNK = 8192
+_SAMPLER_PURPOSE = 1
+
+
+class ExactlyOnceSampler(Sampler[int]):
+    """Each epoch, a permutation of ``range(size)`` fixed by (seed, epoch), dealt to ranks so every index is seen once.
+
+    Rank r takes positions r, r + world_size, r + 2 world_size, ... of the epoch
+    order, so rank sizes differ by at most one: nothing is padded or dropped. Under
+    DDP the ranks with one sample fewer can end the epoch a step early; wrap the
+    loop in ``torch.distributed.algorithms.join.Join`` or keep the last step free
+    of collectives. The permutation is computed for the indices being yielded
+    (no O(size) array). Rank and world size come from the process group unless given.
+
+    Resume: ``state_dict(samples_consumed)`` with this rank's count (batches x
+    batch_size) and, after ``load_state_dict``, the same epoch continues right after
+    the samples every rank consumed, with any world size.
+    """
+
+    def __init__(
+        self,
+        data_source: Sized | int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
+        self.size = data_source if isinstance(data_source, int) else len(data_source)
+        self.shuffle = shuffle
+        self.seed = seed
+        self.rank, self.world_size = rank_and_world_size(rank, world_size)
+        self.epoch = 0
+        self._start = 0  # positions of the epoch order consumed before a resume, across all ranks
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch's order; a resume position loaded for another epoch is dropped."""
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self._start = 0
+
+    def _positions(self) -> range:
+        return range(self._start + self.rank, self.size, self.world_size)
+
+    def __len__(self) -> int:
+        return len(self._positions())
+
+    def __iter__(self) -> Iterator[int]:
+        positions = self._positions()
+        permutation = Permutation(self.size, derive_key(_SAMPLER_PURPOSE, self.seed, self.epoch))
+        for chunk_start in range(0, len(positions), _CHUNK):
+            chunk = np.arange(chunk_start, min(chunk_start + _CHUNK, len(positions)), dtype=np.int64)
+            chunk = positions.start + chunk * positions.step
+            yield from (permutation(chunk) if self.shuffle else chunk).tolist()
+
+    def _settings(self) -> dict[str, Any]:
+        return {"kind": "ExactlyOnceSampler", "size": self.size, "shuffle": self.shuffle, "seed": self.seed}
+
+    def state_dict(self, samples_consumed: int) -> dict[str, Any]:
+        """What resuming needs, given how many samples this rank's training loop consumed this epoch.
+
+        The DataLoader runs ahead of the loop, so only the loop knows the count:
+        batches x batch_size, including any record the skip policy left out (a count
+        past the end, from a short last batch, means the epoch is done). Ranks step
+        together, so every rank computes the same state from the same count.
+        """
+        if samples_consumed < 0:
+            raise VarstoreError(f"samples_consumed is {samples_consumed}, it cannot be negative")
+        consumed = min(self.size, self._start + samples_consumed * self.world_size)
+        return {**self._settings(), "epoch": self.epoch, "samples_consumed": consumed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue `state`'s epoch after the samples it counts, whatever the world size now."""
+        self.epoch, self._start = check_resume_state(state, self._settings(), self.size)

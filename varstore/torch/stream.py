@@ -1,0 +1,230 @@
+"""`RecordStream`: an iterable dataset of batches for sequential media, shuffled by blocks, exact and resumable.
+
+The epoch order is a pure function of (seed, epoch, rank, world size) and the
+settings, never of the number of DataLoader workers:
+
+1. the records are cut into blocks of `block_size` contiguous records (a block may
+   straddle two shards) and the blocks are shuffled across the whole dataset, so
+   shards are visited in a random order and each block is one sequential read;
+2. that sequence is cut into `world_size` contiguous, equal (to one record) parts,
+   one per rank, so a rank reads about 1/world_size of the files;
+3. each rank's part is cut into windows of `shuffle_window` consecutive positions
+   and shuffled within each window: a bounded buffer that holds record indices (8
+   bytes each), never records, which are read by index once the window's blocks
+   have been prefetched into the page cache as one sequential read each.
+
+The rank's order is dealt to workers a batch at a time: batch j goes to worker
+``j % num_workers``, the same round robin in which the DataLoader collects batches,
+so the loader yields the rank's order exactly. Resuming therefore only needs how
+many samples the loop consumed, and works with another number of workers.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from typing import Any, Callable, Iterator
+
+import numpy as np
+from torch.utils.data import IterableDataset, default_collate, get_worker_info
+
+from ..errors import VarstoreError
+from .datasets import DamagedPolicy, Output, RecordDataset
+from .distributed import rank_and_world_size
+from .permutation import Permutation, derive_key
+from .resume import check_resume_state
+
+_BLOCKS_PURPOSE = 2
+_WINDOW_PURPOSE = 3
+
+logger = logging.getLogger("varstore.torch")
+
+
+def _contiguous_runs(records: np.ndarray) -> list[tuple[int, int]]:
+    """Sorted distinct `records` as maximal [start, stop) ranges of consecutive indices."""
+    breaks = np.flatnonzero(np.diff(records) != 1) + 1
+    starts = records[np.concatenate(([0], breaks))]
+    stops = records[np.concatenate((breaks - 1, [len(records) - 1]))] + 1
+    return list(zip(starts.tolist(), stops.tolist()))
+
+
+class _EpochOrder:
+    """One rank's epoch order, built a window at a time; only the windows the current batch spans are held.
+
+    Each window is computed whole (a few vectorised passes over `shuffle_window`
+    positions, far cheaper than permuting batch by batch) when a read first reaches
+    it, and its records are handed to `prefetch` as contiguous ranges.
+    """
+
+    def __init__(self, stream: RecordStream, prefetch: Callable[[int, int], None]) -> None:
+        self.block_size = stream.block_size
+        self.shuffle_window = stream.shuffle_window
+        self.shuffle = stream.shuffle
+        self.first = stream.rank * stream.record_count // stream.world_size
+        self.count = stream.rank_record_count
+        self._prefetch = prefetch
+        self._window_key = (_WINDOW_PURPOSE, stream.seed, stream.epoch, stream.rank)
+        blocks = math.ceil(stream.record_count / self.block_size)
+        self._last_block_size = stream.record_count - (blocks - 1) * self.block_size
+        self._blocks = Permutation(blocks, derive_key(_BLOCKS_PURPOSE, stream.seed, stream.epoch))
+        self._short_block_start = int(self._blocks.inverse([blocks - 1])[0]) * self.block_size if blocks else 0
+        self._windows: dict[int, np.ndarray] = {}
+
+    def _in_block_order(self, positions: np.ndarray) -> np.ndarray:
+        """Records at `positions` of the whole dataset's shuffled block sequence."""
+        if not self.shuffle:
+            return positions
+        # Every block but the last holds block_size records: positions after the short block shift as if it were full.
+        after_short = positions >= self._short_block_start + self._last_block_size
+        padded = positions + after_short * (self.block_size - self._last_block_size)
+        return self._blocks(padded // self.block_size) * self.block_size + padded % self.block_size
+
+    def window(self, window: int) -> np.ndarray:
+        """The records of window `window`, in the order the rank reads them."""
+        start = window * self.shuffle_window
+        size = min(self.shuffle_window, self.count - start)
+        records = self._in_block_order(np.arange(self.first + start, self.first + start + size, dtype=np.int64))
+        if not self.shuffle:
+            return records
+        return records[Permutation(size, derive_key(*self._window_key, window))(np.arange(size))]
+
+    def records(self, start: int, stop: int) -> np.ndarray:
+        """The records at positions [start, stop) of the rank's order; calls must not go back to earlier windows."""
+        first_window, last_window = start // self.shuffle_window, (stop - 1) // self.shuffle_window
+        for window in [window for window in self._windows if window < first_window]:
+            del self._windows[window]
+        parts = []
+        for window in range(first_window, last_window + 1):
+            if window not in self._windows:
+                self._windows[window] = self.window(window)
+                for run_start, run_stop in _contiguous_runs(np.sort(self._windows[window])):
+                    self._prefetch(run_start, run_stop)
+            offset = window * self.shuffle_window
+            parts.append(self._windows[window][max(start - offset, 0) : min(stop - offset, self.shuffle_window)])
+        return np.concatenate(parts)
+
+
+class RecordStream(IterableDataset):
+    """Batches of records in a block-shuffled order, each record once per epoch across ranks and workers.
+
+    Use with ``DataLoader(stream, batch_size=None, num_workers=...)``: the stream
+    yields whole batches (`collate_fn` applied; default `default_collate`), read with
+    one vectorised `get_batch` each. Keep the DataLoader's default ``in_order=True``
+    and ``persistent_workers=False``: workers built once never see `set_epoch`.
+
+    Ranks hold equal shares (to one record), so their batch counts differ by at most
+    one; under DDP see `ExactlyOnceSampler` about the uneven last step. The last batch
+    of a rank's epoch may be short. `transform`, `output`, `flat_batches`,
+    `on_damaged` and `verify_reads` mean what they mean for `RecordDataset`; a damaged
+    record skipped leaves its batch one shorter.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        batch_size: int,
+        collate_fn: Callable[[Any], Any] | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        block_size: int = 256,
+        shuffle_window: int = 16384,
+        transform: Callable[[Any], Any] | None = None,
+        output: Output = "torch",
+        flat_batches: bool = False,
+        on_damaged: DamagedPolicy = "raise",
+        verify_reads: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
+        for name, value in (("batch_size", batch_size), ("block_size", block_size), ("shuffle_window", shuffle_window)):
+            if value < 1:
+                raise VarstoreError(f"{name} must be at least 1, not {value}")
+        self._dataset = RecordDataset(
+            path, transform=transform, output=output, flat_batches=flat_batches, on_damaged=on_damaged,
+            verify_reads=verify_reads,
+        )
+        self.path = self._dataset.path
+        self.record_count = len(self._dataset)
+        self.batch_size = batch_size
+        self.collate_fn = collate_fn if collate_fn is not None else default_collate
+        self.shuffle = shuffle
+        self.seed = seed
+        self.block_size = block_size
+        self.shuffle_window = shuffle_window
+        self.rank, self.world_size = rank_and_world_size(rank, world_size)
+        self.epoch = 0
+        self._start = 0  # positions of this rank's epoch order consumed before a resume
+        self._last_worker_iteration: tuple[int, int] | None = None
+
+    @property
+    def rank_record_count(self) -> int:
+        """How many records this rank reads per epoch."""
+        return (self.rank + 1) * self.record_count // self.world_size - self.rank * self.record_count // self.world_size
+
+    @property
+    def skipped_records(self) -> dict[str, int]:
+        """Damaged records skipped in this process, per shard (see `RecordDataset`)."""
+        return self._dataset.skipped_records
+
+    @property
+    def _largest_rank_record_count(self) -> int:
+        return -(-self.record_count // self.world_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch's order; a resume position loaded for another epoch is dropped."""
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self._start = 0
+
+    def __len__(self) -> int:
+        """Batches this rank yields this epoch (after a resume: those left)."""
+        return math.ceil((self.rank_record_count - self._start) / self.batch_size)
+
+    def __iter__(self) -> Iterator[Any]:
+        worker = get_worker_info()
+        worker_id, workers = (worker.id, worker.num_workers) if worker is not None else (0, 1)
+        if worker is not None:
+            self._warn_if_repeated()
+        order = _EpochOrder(self, self._dataset.reader.prefetch)
+        for batch_start in range(self._start + worker_id * self.batch_size, order.count, workers * self.batch_size):
+            records = order.records(batch_start, min(batch_start + self.batch_size, order.count))
+            yield self.collate_fn(self._dataset.__getitems__(records))
+
+    def _warn_if_repeated(self) -> None:
+        current = (self.epoch, self._start)
+        if self._last_worker_iteration == current:
+            logger.warning(
+                "RecordStream: a worker is starting epoch %d a second time from the same position; with "
+                "persistent_workers=True the workers never see set_epoch or load_state_dict", self.epoch,
+            )
+        self._last_worker_iteration = current
+
+    def _settings(self) -> dict[str, Any]:
+        return {
+            "kind": "RecordStream", "record_count": self.record_count, "shuffle": self.shuffle, "seed": self.seed,
+            "block_size": self.block_size, "shuffle_window": self.shuffle_window, "world_size": self.world_size,
+        }
+
+    def state_dict(self, samples_consumed: int) -> dict[str, Any]:
+        """What resuming needs, given how many samples this rank's training loop consumed this epoch.
+
+        The workers run ahead of the loop, so only the loop knows the count: batches x
+        batch_size, including records the skip policy left out. Ranks step together,
+        so every rank computes the same state from the same count.
+        """
+        remaining = self.rank_record_count - self._start
+        whole_batches = samples_consumed % self.batch_size == 0 or samples_consumed == remaining
+        if not 0 <= samples_consumed <= len(self) * self.batch_size or not whole_batches:
+            raise VarstoreError(
+                f"samples_consumed is {samples_consumed}: it counts whole batches of {self.batch_size} "
+                f"(damaged records skipped included), at most the {len(self)} batches this rank has left this epoch"
+            )
+        consumed = min(self._start + samples_consumed, self._largest_rank_record_count)
+        return {**self._settings(), "epoch": self.epoch, "samples_consumed": consumed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue `state`'s epoch right after the samples it counts (any number of workers, same world size)."""
+        self.epoch, consumed = check_resume_state(state, self._settings(), self._largest_rank_record_count)
+        self._start = min(consumed, self.rank_record_count)  # ranks with one record fewer finished a batch earlier

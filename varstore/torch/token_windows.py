@@ -1,0 +1,193 @@
+"""`TokenWindowDataset`: fixed-length language-model samples cut from the concatenated tokens of a dataset.
+
+The records of a 1-D integer ``ndarray`` dataset (one document each) are read as one
+token stream: shard after shard in manifest order, record after record. Sample i is
+tokens ``[i * seq_len, i * seq_len + seq_len + 1)``: inputs and next-token targets,
+cut across document and shard boundaries, so no token is lost at either. The last
+``(token_count - 1) % seq_len`` tokens fall in no sample.
+
+Nothing is built per token or per document: a window's place is arithmetic, the
+only table is one int64 per shard, and document starts are found by binary search
+in the shard's offsets, which stay in the memory-mapped index. Windows are read
+from the raw token arrays (`Reader.as_array`), so record checksums are not checked
+on the way: run `verify()` on the dataset once before training on it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from ..errors import RecordIndexError, RecordTypeError
+from ..reader import Reader
+from ..sharded_reader import ShardedReader
+from .datasets import OUTPUTS, Output, check_choice
+from .reading import ProcessLocalReader
+
+
+def _shard_token_counts(reader: Reader | ShardedReader, itemsize: int) -> list[int]:
+    if isinstance(reader, Reader):
+        return [reader.header.data_size // itemsize]
+    return [entry.data_size // itemsize for entry in reader.manifest.shards]
+
+
+def _concatenated_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``concatenate([arange(start, start + length) for ...])``, without a Python loop."""
+    firsts = np.zeros(len(lengths), np.int64)
+    np.cumsum(lengths[:-1], out=firsts[1:])
+    return np.repeat(starts - firsts, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
+
+
+class TokenWindowDataset(Dataset):
+    """Windows of ``seq_len + 1`` tokens in stream order; shuffle them with a sampler.
+
+    `ExactlyOnceSampler(dataset, seed=...)` with `set_epoch` gives a deterministic
+    permutation per (seed, epoch) computed in O(1) memory. The shuffle lives in the
+    sampler, in the main process, so it reaches persistent workers and resuming
+    needs only a count; ``DataLoader(shuffle=True)`` works too.
+
+    A sample is an int64 tensor of ``seq_len + 1`` tokens, or with
+    ``document_starts=True`` a dict ``{"tokens": ..., "document_starts": ...}`` whose
+    bool tensor marks the positions where a document begins, for resetting position
+    ids or masking attention between documents. ``output="numpy"`` keeps the stored
+    dtype and returns windows inside one shard as zero-copy read-only views.
+
+    The stored documents stay in the same order every epoch (as they were written);
+    shuffle documents at write time if samples should not always pair the same neighbours.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        seq_len: int,
+        *,
+        document_starts: bool = False,
+        output: Output = "torch",
+    ) -> None:
+        check_choice("output", output, OUTPUTS)
+        if seq_len < 1:
+            raise RecordTypeError(f"seq_len must be at least 1, not {seq_len}")
+        self._source = ProcessLocalReader(path)
+        self.path = self._source.path
+        reader = self._source.get()
+        if reader.codec != "ndarray" or reader.dtype is None or reader.dtype.kind not in "iu" or reader.shape:
+            raise RecordTypeError(
+                f"token windows need 1-D integer ndarray records; this dataset is {reader.codec}"
+                + (f" of dtype {reader.dtype} and trailing shape {reader.shape}" if reader.dtype is not None else ""),
+                path=self.path,
+            )
+        self.seq_len = seq_len
+        self.document_starts = document_starts
+        self.output = output
+        self.dtype: np.dtype = reader.dtype
+        counts = np.array(_shard_token_counts(reader, self.dtype.itemsize), np.int64)
+        self._token_starts = np.zeros(len(counts) + 1, np.int64)
+        np.cumsum(counts, out=self._token_starts[1:])
+        self.token_count = int(self._token_starts[-1])
+        self._length = max(0, (self.token_count - 1) // seq_len)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __repr__(self) -> str:
+        return (
+            f"TokenWindowDataset({self.path!r}, seq_len={self.seq_len}, windows={self._length}, "
+            f"token_count={self.token_count})"
+        )
+
+    def _shard(self, position: int) -> Reader:
+        reader = self._source.get()
+        return reader if isinstance(reader, Reader) else reader.shard(position)
+
+    def _pieces(self, starts: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+        """Split windows at shard ends: (shard, window rows, start in shard, column in window, length) per shard.
+
+        Each pass takes every unfinished window up to the end of its window or of its
+        shard, so a window spanning s shards is done in s passes.
+        """
+        width = self.seq_len + 1
+        rows = np.arange(len(starts))
+        position = starts.copy()
+        column = np.zeros(len(starts), np.int64)
+        while rows.size:
+            shard = np.searchsorted(self._token_starts, position, side="right") - 1
+            shard_end = self._token_starts[shard + 1]
+            window_end = starts[rows] + width
+            length = np.minimum(window_end, shard_end) - position
+            for current in np.unique(shard).tolist():
+                chosen = shard == current
+                yield current, rows[chosen], position[chosen] - self._token_starts[current], column[chosen], length[chosen]
+            more = window_end > shard_end
+            rows, position, column = rows[more], shard_end[more], column[more] + length[more]
+
+    def _window_starts(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+        resolved = np.asarray(indices)
+        if resolved.ndim != 1 or (resolved.size and resolved.dtype.kind not in "iu"):
+            raise RecordTypeError(
+                f"window indices must be a 1-D sequence of integers, got {resolved.dtype} of shape {resolved.shape}"
+            )
+        resolved = resolved.astype(np.int64)
+        outside = (resolved < 0) | (resolved >= self._length)
+        if outside.any():
+            bad = int(resolved[outside.argmax()])
+            raise RecordIndexError(
+                f"window {bad} is out of range for {self._length} windows of {self.seq_len} tokens", path=self.path
+            )
+        return resolved * self.seq_len
+
+    def _gather(self, starts: np.ndarray, dtype: np.dtype) -> np.ndarray:
+        """The windows starting at `starts`, copied into one ``(len(starts), seq_len + 1)`` array of `dtype`."""
+        width = self.seq_len + 1
+        windows = np.empty((len(starts), width), dtype)
+        flat = windows.reshape(-1)
+        for shard, rows, local, column, length in self._pieces(starts):
+            tokens = self._shard(shard).as_array()
+            flat[_concatenated_ranges(rows * width + column, length)] = tokens[_concatenated_ranges(local, length)]
+        return windows
+
+    def _document_starts(self, starts: np.ndarray) -> np.ndarray:
+        """A bool ``(len(starts), seq_len + 1)`` array, True where a document begins."""
+        itemsize = self.dtype.itemsize
+        marks = np.zeros((len(starts), self.seq_len + 1), bool)
+        for shard, rows, local, column, length in self._pieces(starts):
+            document_offsets = self._shard(shard).offsets[:-1]
+            low = np.searchsorted(document_offsets, (local * itemsize).astype(np.uint64), side="left")
+            high = np.searchsorted(document_offsets, ((local + length) * itemsize).astype(np.uint64), side="left")
+            counts = (high - low).astype(np.int64)
+            token_positions = document_offsets[_concatenated_ranges(low, counts)].astype(np.int64) // itemsize
+            marks[np.repeat(rows, counts), token_positions - np.repeat(local - column, counts)] = True
+        return marks
+
+    def _tokens(self, starts: np.ndarray) -> list[Any]:
+        if self.output == "torch":
+            return list(torch.from_numpy(self._gather(starts, np.dtype(np.int64))))
+        width = self.seq_len + 1
+        shard = np.searchsorted(self._token_starts, starts, side="right") - 1
+        inside = starts + width <= self._token_starts[shard + 1]
+        windows: list[Any] = [None] * len(starts)
+        for row in np.flatnonzero(inside).tolist():
+            local = int(starts[row] - self._token_starts[shard[row]])
+            windows[row] = self._shard(int(shard[row])).as_array()[local : local + width]
+        crossing = np.flatnonzero(~inside)
+        for row, window in zip(crossing.tolist(), self._gather(starts[crossing], self.dtype)):
+            windows[row] = window
+        return windows
+
+    def __getitems__(self, indices: Sequence[int] | np.ndarray) -> list[Any]:
+        starts = self._window_starts(indices)
+        tokens = self._tokens(starts)
+        if not self.document_starts:
+            return tokens
+        marks = self._document_starts(starts)
+        if self.output == "torch":
+            marks = torch.from_numpy(marks)
+        return [{"tokens": window, "document_starts": mark} for window, mark in zip(tokens, marks)]
+
+    def __getitem__(self, index: int) -> Any:
+        if isinstance(index, (bool, np.bool_)) or not hasattr(index, "__index__"):
+            raise RecordTypeError(f"window indices are integers, not {type(index).__name__}", path=self.path)
+        return self.__getitems__([index.__index__()])[0]
