@@ -168,3 +168,11 @@ def test_sharded_dataset_equals_the_concatenation_of_its_shards(tmp_path_factory
         indices = list(range(len(records)))[::-1]
         flat = dataset.get_batch_flat(indices)
         assert flat.values.tobytes() == b"".join(records[i] for i in indices)
+
+
+def test_flat_batch_values_are_writable_whatever_the_number_of_shards(tmp_path):
+    with varstore.ShardedWriter(tmp_path, max_shard_records=2) as writer:
+        writer.extend([b"ab", b"cd", b"ef"])
+    dataset = varstore.open(tmp_path)
+    for indices in ([0, 1], [0, 2]):
+        assert dataset.get_batch_flat(indices).values.flags.writeable

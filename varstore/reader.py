@@ -288,8 +288,8 @@ class Reader(ReaderBase):
         offsets = np.zeros(len(indices) + 1, np.int64)
         np.cumsum(lengths, out=offsets[1:])
         data = self._data_map
-        joined = b"".join([data[start:end] for start, end in zip(starts.tolist(), ends.tolist())])
-        values = np.frombuffer(joined, np.uint8)
+        joined = bytearray().join([data[start:end] for start, end in zip(starts.tolist(), ends.tolist())])
+        values = np.frombuffer(joined, np.uint8)  # a writable buffer of its own, like any batch
         if self.dtype is None:
             return FlatBatch(values, offsets)
         row_size = self._codec.row_size  # type: ignore[attr-defined]

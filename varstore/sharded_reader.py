@@ -163,7 +163,10 @@ class ShardedReader(ReaderBase):
             position, local = self._locate(index)
             return self.shard(position)[local]
         if isinstance(index, slice):
-            return self.get_batch(range(*index.indices(self._count)))
+            start, stop, step = index.indices(self._count)
+            if step == 1:
+                return self._read_range(start, stop)
+            return self.get_batch(range(start, stop, step))
         if isinstance(index, (bool, np.bool_)) or not hasattr(index, "__index__"):
             raise RecordTypeError(f"record indices are integers or slices, not {type(index).__name__}", path=self.path)
         return self[index.__index__()]
@@ -215,6 +218,16 @@ class ShardedReader(ReaderBase):
         np.cumsum(lengths, out=offsets[1:])
         rows = np.repeat(grouped_starts[inverse] - offsets[:-1], lengths) + np.arange(int(offsets[-1]), dtype=np.int64)
         return FlatBatch(grouped_values[rows], offsets)
+
+    def _read_range(self, start: int, stop: int) -> list[Any]:
+        """Records [start, stop) read shard by shard as contiguous slices, which prefetch."""
+        records: list[Any] = []
+        while start < stop:
+            position, local = self._locate(start)
+            shard_stop = min(stop, self._start_list[position + 1])
+            records += self.shard(position)[local : local + shard_stop - start]
+            start = shard_stop
+        return records
 
     def prefetch(self, start: int, stop: int) -> None:
         """Ask the kernel to start reading records [start, stop) of each shard they span into the page cache."""
