@@ -16,7 +16,9 @@ from typing import Any, Callable
 import pytest
 
 import varstore
+from varstore.format import DATA_SUFFIX
 from varstore.manifest import MANIFEST_NAME
+from varstore.storage import TEMP_MARK
 
 from .helpers_reliability import (
     assert_store_holds,
@@ -60,8 +62,8 @@ def check_sharded_after_crash(directory: Path, records: list[bytes], options: di
     assert committed == list(layout)[: len(committed)], "shards are committed in order, without gaps"
     for name in committed:
         assert_store_holds(directory / name, layout[name])
-    half_published = [name for name in os.listdir(directory) if name.endswith(".data")
-                      and name[: -len(".data")] not in committed and "varstore-tmp" not in name]
+    half_published = [name for name in os.listdir(directory) if name.endswith(DATA_SUFFIX)
+                      and name[: -len(DATA_SUFFIX)] not in committed and TEMP_MARK not in name]
     assert len(half_published) <= 1
     if (directory / MANIFEST_NAME).exists():
         assert_store_holds(directory, records)
@@ -154,6 +156,33 @@ def test_overwriting_writer_killed_anywhere_leaves_the_old_shard_or_the_new_one(
         check(directory)
 
 
+def kill_while_appending(directory: Path, records: list[bytes], options: dict[str, Any], reports_before_kill: int) -> bool:
+    """A child appends `records`, reporting each through a pipe; it is killed once `reports_before_kill`
+    reports have arrived, wherever it has got to by then. Returns False if it had finished first."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.close(read_end)
+        try:
+            with varstore.ShardedWriter(directory, **options) as writer:
+                for record in records:
+                    writer.append(record)
+                    os.write(write_end, b".")
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    seen = 0
+    while seen < reports_before_kill:
+        chunk = os.read(read_end, 4096)
+        if not chunk:
+            break
+        seen += len(chunk)
+    os.kill(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    os.close(read_end)
+    return killed(status)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_sharded_writer_killed_at_random_moments_while_appending_resumes_to_the_same_dataset(memory_path, seed):
     options, records = SHARDED_WORKLOADS["by-records"]
@@ -162,28 +191,7 @@ def test_sharded_writer_killed_at_random_moments_while_appending_resumes_to_the_
     generator = random.Random(seed)
     for run in range(10):
         directory = memory_path / f"run-{run}"
-        reports_before_kill = generator.randint(1, len(records) + 2)
-        read_end, write_end = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child
-            os.close(read_end)
-            try:
-                with varstore.ShardedWriter(directory, **options) as writer:
-                    for record in records:
-                        writer.append(record)
-                        os.write(write_end, b".")
-            finally:
-                os._exit(0)
-        os.close(write_end)
-        seen = 0
-        while seen < reports_before_kill:
-            chunk = os.read(read_end, 4096)
-            if not chunk:
-                break
-            seen += len(chunk)
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        os.close(read_end)
+        kill_while_appending(directory, records, options, generator.randint(1, len(records) + 2))
         check_sharded_after_crash(directory, records, options, layout)
 
 

@@ -126,14 +126,19 @@ def test_fault_at_every_call_is_a_storage_error_leaving_nothing_half_written(mem
 @pytest.mark.parametrize("site", SITES)
 def test_fault_while_overwriting_a_shard_never_yields_wrong_records(memory_path, site):
     old = make_records(13, 30)
-    count = count_calls(lambda: varstore.Writer(memory_path / "counting", overwrite=True).close()).count(site)
+
+    def overwrite(prefix: Path) -> None:
+        with varstore.Writer(prefix, overwrite=True) as writer:
+            writer.extend(RECORDS)
+
+    count = count_calls(lambda: overwrite(memory_path / "counting")).count(site)
+    assert count > 0
     for nth in range(1, count + 1):
         prefix = memory_path / f"fault-{nth}" / "docs"
         with varstore.Writer(prefix) as writer:
             writer.extend(old)
         with pytest.raises(varstore.StorageError), failing_call(site, nth, errno.EIO):
-            with varstore.Writer(prefix, overwrite=True) as writer:
-                writer.extend(RECORDS)
+            overwrite(prefix)
         try:
             store = varstore.open(prefix)
         except varstore.VarstoreError:

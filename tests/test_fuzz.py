@@ -46,7 +46,7 @@ from .helpers_reliability import (
     write_shard_files,
 )
 
-FUZZ = settings(max_examples=250, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
 MEMORY_SLACK = 2 << 20
 MEMORY_FACTOR = 8
 
