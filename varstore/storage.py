@@ -82,12 +82,15 @@ def publish(renames: list[tuple[str, str]], *, overwrite: bool) -> None:
     until it happens, no reader can see a complete new shard. If a rename before
     it fails, the files already renamed are removed, so no half-published pair is
     left under the final names; a failure of the directory fsync after the commit
-    point leaves the complete files in place.
+    point leaves the complete files in place. When overwriting, the file at the
+    commit point is removed first, so the old one never pairs with new files.
     """
     if not overwrite:
         for _, final in renames:
             if os.path.exists(final):
                 raise ShardExistsError("already exists; pass overwrite=True to replace it", path=final)
+    else:
+        remove_quietly([renames[-1][1]])
     renamed = []
     try:
         for temporary, final in renames:
