@@ -154,8 +154,12 @@ def test_empty_dataset_opens_with_no_records(tmp_path):
         dataset[0]
 
 
-def test_dataset_pickles_by_path_and_reads_its_manifest_on_first_use(tmp_path):
+def test_dataset_pickles_by_path_and_maps_shards_only_when_read(tmp_path):
     write_dataset(tmp_path, [b"a", b"b", b"c"], max_shard_records=2)
-    clone = pickle.loads(pickle.dumps(varstore.open(tmp_path)))
-    assert "manifest" not in clone.__dict__
+    dataset = varstore.open(tmp_path)
+    dataset[0]
+    payload = pickle.dumps(dataset)
+    assert len(payload) < 500
+    clone = pickle.loads(payload)
+    assert not clone._readers
     assert clone.get_batch([2, 0]) == [b"c", b"a"] and len(clone) == 3
