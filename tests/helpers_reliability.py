@@ -280,6 +280,7 @@ def exercise_store(path: str | os.PathLike[str], *, verify_reads: bool = False, 
         outcomes["slice"] = _attempt(lambda: store[0:count])
         outcomes["step_slice"] = _attempt(lambda: store[0:count:2])
         outcomes["iteration"] = _attempt(lambda: list(store)[:count] if len(store) <= max_records else [])
+        outcomes["flat_iteration"] = _attempt(lambda: [batch.values.tobytes() for batch in store.iter_flat(3)][:count])
         outcomes["record_sizes"] = _attempt(lambda: store.record_sizes())
         if store.codec == "ndarray" and isinstance(store, varstore.Reader):
             outcomes["as_array"] = _attempt(store.as_array)

@@ -38,6 +38,8 @@ def read_everything(reader) -> None:
     list(reader)
     reader.get_batch(range(len(reader)))
     reader.get_batch_flat(range(len(reader)))
+    for batch in reader.iter_flat(2):
+        batch.values.tobytes()
     for index in range(len(reader)):
         reader[index]
     reader.verify()

@@ -176,3 +176,18 @@ def test_flat_batch_values_are_writable_whatever_the_number_of_shards(tmp_path):
     dataset = varstore.open(tmp_path)
     for indices in ([0, 1], [0, 2]):
         assert dataset.get_batch_flat(indices).values.flags.writeable
+
+
+@given(st.lists(st.lists(st.integers(0, 255), max_size=9), max_size=30), st.integers(1, 7), st.integers(1, 5))
+def test_iter_flat_batches_are_the_records_in_order(tmp_path_factory, documents, batch_size, max_records):
+    directory = tmp_path_factory.mktemp("iter_flat")
+    records = [np.array(document, np.uint8) for document in documents]
+    with varstore.ShardedWriter(directory, codec="ndarray", dtype="uint8", shape=(), max_shard_records=max_records) as writer:
+        writer.extend(records)
+    with varstore.Writer(directory / "single") as writer:
+        writer.extend(record.tobytes() for record in records)
+    for store in (varstore.open(directory), varstore.open(directory / "single")):
+        batches = list(store.iter_flat(batch_size))
+        assert all(len(batch.offsets) - 1 <= batch_size and batch.offsets[0] == 0 for batch in batches)
+        flattened = [batch.values[a:b].tobytes() for batch in batches for a, b in zip(batch.offsets, batch.offsets[1:])]
+        assert flattened == [record.tobytes() for record in records]

@@ -155,6 +155,7 @@ class Reader(ReaderBase):
             self._decode: Callable[[Any, int, int], Any] | None = (
                 None if self._codec.name == "bytes" else self._codec.decoder_for(self._data_map)
             )
+            self._rows: np.ndarray | None = self._codec.rows(self._data_map) if self.dtype is not None else None  # type: ignore[attr-defined]
         except ValueError as error:
             raise FormatError(f"data file does not fit the {self.codec} codec: {error}", path=self.data_path) from None
 
@@ -175,7 +176,7 @@ class Reader(ReaderBase):
         self._check_open()
         if self.dtype is None:
             raise RecordTypeError(f"as_array needs an ndarray shard, this one is {self.codec}", path=self.path)
-        return self._codec.rows(self._data_map)  # type: ignore[attr-defined]
+        return self._rows
 
     def __len__(self) -> int:
         return self._count
@@ -263,10 +264,30 @@ class Reader(ReaderBase):
         """Records at `indices`, in that order; offsets are gathered and checked with numpy in one pass."""
         indices = self._check_indices(indices)
         starts, ends = self._checked_ranges(indices)
-        return self._decode_ranges(indices, starts.tolist(), ends.tolist())
+        return self._decode_ranges(indices, starts, ends)
 
-    def _decode_ranges(self, indices: np.ndarray, starts: list[int], ends: list[int]) -> list[Any]:
+    def _check_rows(self, indices: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> int:
+        """Check in one pass that byte ranges of an ``ndarray`` shard sit on row boundaries; returns the row size."""
+        row_size: int = self._codec.row_size  # type: ignore[attr-defined]
+        off_rows = (starts % row_size != 0) | (ends % row_size != 0)
+        if off_rows.any():
+            position = int(off_rows.argmax())
+            error = ValueError(f"offsets [{starts[position]}, {ends[position]}) are not on {row_size}-byte row boundaries")
+            raise self._decode_error(int(indices[position]), error)
+        return row_size
+
+    def _row_ranges(self, indices: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[list[int], list[int]]:
+        """Byte ranges of an ``ndarray`` shard as row ranges."""
+        row_size = self._check_rows(indices, starts, ends)
+        return (starts // row_size).tolist(), (ends // row_size).tolist()
+
+    def _decode_ranges(self, indices: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[Any]:
+        rows = self._rows
+        if rows is not None:
+            row_starts, row_ends = self._row_ranges(indices, starts, ends)
+            return [rows[start:end] for start, end in zip(row_starts, row_ends)]
         data = self._data_map
+        starts, ends = starts.tolist(), ends.tolist()
         if self._decode is None:
             return [data[start:end] for start, end in zip(starts, ends)]
         decode = self._decode
@@ -287,21 +308,19 @@ class Reader(ReaderBase):
         lengths = (ends - starts).astype(np.int64)
         offsets = np.zeros(len(indices) + 1, np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        data = self._data_map
-        joined = bytearray().join([data[start:end] for start, end in zip(starts.tolist(), ends.tolist())])
-        values = np.frombuffer(joined, np.uint8)  # a writable buffer of its own, like any batch
+        if self._rows is not None:
+            self._check_rows(indices, starts, ends)
+        view = memoryview(self._data_map)
+        joined = bytearray().join([view[start:end] for start, end in zip(starts.tolist(), ends.tolist())])
+        view.release()
+        values = np.frombuffer(joined, np.uint8)  # one copy, into a writable buffer of its own
         if self.dtype is None:
             return FlatBatch(values, offsets)
         row_size = self._codec.row_size  # type: ignore[attr-defined]
-        off_rows = (starts % row_size != 0) | (ends % row_size != 0)
-        if off_rows.any():
-            position = int(off_rows.argmax())
-            error = ValueError(f"offsets [{starts[position]}, {ends[position]}) are not on {row_size}-byte row boundaries")
-            raise self._decode_error(int(indices[position]), error)
-        rows = values.view(self.dtype).reshape((-1, *(self.shape or ())))
-        return FlatBatch(rows, offsets // row_size)
+        return FlatBatch(values.view(self.dtype).reshape((-1, *(self.shape or ()))), offsets // row_size)
 
-    def _read_range(self, start: int, stop: int) -> list[Any]:
+    def _contiguous_offsets(self, start: int, stop: int) -> np.ndarray:
+        """Offsets of records [start, stop), checked in one pass (and their checksums with verify_reads), prefetched."""
         self._check_open()
         offsets = self._offsets[start : stop + 1]
         if stop > start:
@@ -310,11 +329,36 @@ class Reader(ReaderBase):
                 position = int(steps.argmax()) if steps.any() else stop - start - 1
                 raise self._offsets_error(start + position, int(offsets[position]), int(offsets[position + 1]))
             self._prefetch(int(offsets[0]), int(offsets[-1]))
-        bounds = offsets.tolist()
         if self.verify_reads:
+            bounds = offsets.tolist()
             for index in range(start, stop):
                 self._verify_record(index, bounds[index - start], bounds[index - start + 1])
-        return self._decode_ranges(np.arange(start, stop), bounds[:-1], bounds[1:])
+        return offsets
+
+    def _read_range(self, start: int, stop: int) -> list[Any]:
+        offsets = self._contiguous_offsets(start, stop)
+        return self._decode_ranges(np.arange(start, stop), offsets[:-1], offsets[1:])
+
+    def iter_flat(self, batch_size: int = _ITERATION_CHUNK) -> Iterator[FlatBatch]:
+        """Consecutive records, `batch_size` at a time, as zero-copy `FlatBatch` views of the map.
+
+        The sequential scan without a Python object per record: values are a
+        read-only view of the data file, offsets count from the batch's start.
+        """
+        if batch_size < 1:
+            raise RecordTypeError(f"batch_size must be positive, not {batch_size}", path=self.path)
+        for start in range(0, self._count, batch_size):
+            stop = min(start + batch_size, self._count)
+            offsets = self._contiguous_offsets(start, stop)
+            base = int(offsets[0])
+            relative = offsets.astype(np.int64) - base
+            if self._rows is None:
+                values = np.frombuffer(self._data_map, np.uint8, int(relative[-1]), base) if self._data_size else np.zeros(0, np.uint8)
+                yield FlatBatch(values, relative)
+                continue
+            row_size = self._check_rows(np.arange(start, stop), offsets[:-1], offsets[1:])
+            first_row = base // row_size
+            yield FlatBatch(self._rows[first_row : first_row + int(relative[-1]) // row_size], relative // row_size)
 
     def _prefetch(self, start: int, end: int) -> None:
         """Ask the kernel to read a range ahead: maps are MADV_RANDOM, so sequential readers say so."""
@@ -392,7 +436,7 @@ class Reader(ReaderBase):
             return
         self._closed = True
         self._count = 0
-        self._offsets = self._checksums = self._decode = None  # type: ignore[assignment]
+        self._offsets = self._checksums = self._decode = self._rows = None  # type: ignore[assignment]
         for mapped in (self._index_map, self._data_map):
             if isinstance(mapped, mmap.mmap):
                 try:

@@ -242,6 +242,11 @@ class ShardedReader(ReaderBase):
         for position in range(len(self.manifest.shards)):
             yield from self.shard(position)
 
+    def iter_flat(self, batch_size: int = 4096) -> Iterator[FlatBatch]:
+        """Consecutive records as zero-copy `FlatBatch` views, shard by shard (a batch never spans two shards)."""
+        for position in range(len(self.manifest.shards)):
+            yield from self.shard(position).iter_flat(batch_size)
+
     def record_sizes(self) -> np.ndarray:
         """Every record's payload size in bytes, across all shards."""
         sizes = [self.shard(position).record_sizes() for position in range(len(self.manifest.shards))]
