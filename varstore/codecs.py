@@ -173,23 +173,26 @@ def _pack_array(array: np.ndarray) -> msgpack.ExtType:
     return msgpack.ExtType(ARRAY_EXT_TYPE, head + body)
 
 
+_DTYPES_BY_NAME = {name.encode("ascii"): np.dtype(name) for name in ALLOWED_DTYPES}
+_SHAPES = [struct.Struct(f"<{ndim}Q") for ndim in range(MAX_ARRAY_DIMS)]
+
+
 def _unpack_array(data: bytes) -> np.ndarray:
     if not data:
         raise ValueError("empty array extension")
     name_end = 1 + data[0]
-    if len(data) < name_end + 1:
-        raise ValueError("array extension is truncated in its dtype")
-    name = data[1:name_end].decode("ascii", "replace")
-    if name not in ALLOWED_DTYPES:
-        raise ValueError(f"array extension has unsupported dtype {name!r}")
+    dtype = _DTYPES_BY_NAME.get(data[1:name_end])
+    if dtype is None:
+        raise ValueError(f"array extension has unsupported dtype {data[1:name_end]!r}")
+    if len(data) <= name_end:
+        raise ValueError("array extension is truncated after its dtype")
     ndim = data[name_end]
     body_start = name_end + 1 + 8 * ndim
     if ndim >= MAX_ARRAY_DIMS or len(data) < body_start:
         raise ValueError(f"array extension with {ndim} dimensions is truncated")
-    shape = struct.unpack_from(f"<{ndim}Q", data, name_end + 1)
-    dtype = np.dtype(name)
+    shape = _SHAPES[ndim].unpack_from(data, name_end + 1)
     if math.prod(shape) * dtype.itemsize != len(data) - body_start:
-        raise ValueError(f"array extension of shape {shape} and dtype {name} does not match its {len(data) - body_start} bytes")
+        raise ValueError(f"array extension of shape {shape} and dtype {dtype.str} does not match its {len(data) - body_start} bytes")
     return np.frombuffer(data, dtype, offset=body_start).reshape(shape)
 
 
