@@ -141,12 +141,12 @@ class TokenWindowDataset(Dataset):
 
     def _gather(self, starts: np.ndarray, dtype: np.dtype) -> np.ndarray:
         """The windows starting at `starts`, copied into one ``(len(starts), seq_len + 1)`` array of `dtype`."""
-        width = self.seq_len + 1
-        windows = np.empty((len(starts), width), dtype)
-        flat = windows.reshape(-1)
+        windows = np.empty((len(starts), self.seq_len + 1), dtype)
         for shard, rows, local, column, length in self._pieces(starts):
             tokens = self._shard(shard).as_array()
-            flat[_concatenated_ranges(rows * width + column, length)] = tokens[_concatenated_ranges(local, length)]
+            # One slice copy per piece: cheaper than per-token index arrays, as a window has one or two pieces.
+            for row, source, target, count in zip(rows.tolist(), local.tolist(), column.tolist(), length.tolist()):
+                windows[row, target : target + count] = tokens[source : source + count]
         return windows
 
     def _document_starts(self, starts: np.ndarray) -> np.ndarray:
