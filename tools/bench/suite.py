@@ -138,6 +138,10 @@ def warm_figures(peer: Peer, workload: Workload, directory: str) -> dict[str, fl
     count, seconds = measure.timed_iteration(store.scan(), SCAN_BUDGET)
     figures["scan_mb_s"] = float(workload.sizes()[1 : count + 1].sum()) / seconds / MB
     figures["scan_us"] = seconds / count * 1e6
+    scan_flat = getattr(store, "scan_flat", None)
+    if scan_flat is not None:
+        records, seconds = measure.timed_flat_scan(scan_flat(), SCAN_BUDGET)
+        figures["scan_mb_s@flat"] = float(workload.sizes()[:records].sum()) / seconds / MB
     checked, seconds = measure.timed(store.verify)
     if checked is not None:
         figures["verify_mb_s"] = checked / seconds / MB

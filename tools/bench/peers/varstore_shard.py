@@ -32,6 +32,10 @@ class VarstoreStore(Store):
     def scan(self) -> Any:
         return iter(self.reader)
 
+    def scan_flat(self) -> Any:
+        """`Reader.iter_flat`: consecutive records 4,096 at a time as zero-copy views of the map."""
+        return self.reader.iter_flat()
+
     def verify(self) -> int:
         self.reader.verify()
         return self.reader.header.data_size
