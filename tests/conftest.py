@@ -1,7 +1,12 @@
 """Shared test set-up: deterministic hypothesis profiles so a noisy machine never makes a test flaky."""
 
 import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -9,3 +14,17 @@ settings.register_profile(
 )
 settings.register_profile("dev", deadline=None, max_examples=200, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture
+def memory_path(tmp_path: Path) -> Iterator[Path]:
+    """A fresh directory in memory (/dev/shm), where fsync is free: for tests that commit hundreds of
+    shards and whose subject is not the disk. Falls back to `tmp_path`."""
+    if not os.path.isdir("/dev/shm"):
+        yield tmp_path
+        return
+    directory = tempfile.mkdtemp(prefix="varstore-test-", dir="/dev/shm")
+    try:
+        yield Path(directory)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

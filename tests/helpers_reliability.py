@@ -7,15 +7,11 @@ import contextlib
 import errno
 import os
 import random
-import shutil
 import signal
 import struct
-import tempfile
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
-import pytest
 
 import varstore
 from varstore import format as fmt
@@ -34,20 +30,6 @@ _FIELD_POSITIONS = {
          "data_crc32c", "data_edge_crc32c", "body_crc32c", "reserved", "header_crc32c")
     )
 }
-
-
-@pytest.fixture
-def memory_path(tmp_path: Path) -> Iterator[Path]:
-    """A fresh directory in memory (/dev/shm), where fsync is free: for tests that commit hundreds of
-    shards and whose subject is not the disk. Falls back to `tmp_path`."""
-    if not os.path.isdir("/dev/shm"):
-        yield tmp_path
-        return
-    directory = tempfile.mkdtemp(prefix="varstore-test-", dir="/dev/shm")
-    try:
-        yield Path(directory)
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def make_records(seed: int, count: int, max_size: int = 300) -> list[bytes]:

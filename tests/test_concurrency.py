@@ -13,7 +13,7 @@ import numpy as np
 
 import varstore
 
-from .helpers_reliability import make_records, memory_path
+from .helpers_reliability import make_records
 
 READERS = 3
 FORK = multiprocessing.get_context("fork")

@@ -27,7 +27,6 @@ from .helpers_reliability import (
     final_index_names,
     killed,
     make_records,
-    memory_path,
     run_killed_child,
     temporary_files,
 )

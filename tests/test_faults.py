@@ -25,7 +25,6 @@ from .helpers_reliability import (
     failing_call,
     final_index_names,
     make_records,
-    memory_path,
     temporary_files,
 )
 

@@ -23,7 +23,7 @@ import struct
 import tempfile
 import tracemalloc
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest

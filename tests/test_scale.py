@@ -15,7 +15,7 @@ import varstore
 from varstore import format as fmt
 from varstore.checksum import crc32c
 
-from .helpers_reliability import assert_store_holds, memory_path, read_every_way
+from .helpers_reliability import assert_store_holds, read_every_way
 
 ZERO_CHUNK = bytes(64 << 20)
 

@@ -7,7 +7,6 @@ constraints.txt change; pytest's "no tests ran" (exit 5) counts as a failure.
 from __future__ import annotations
 
 import hashlib
-import os
 import subprocess
 import sys
 import venv
