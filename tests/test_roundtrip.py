@@ -191,3 +191,16 @@ def test_iter_flat_batches_are_the_records_in_order(tmp_path_factory, documents,
         assert all(len(batch.offsets) - 1 <= batch_size and batch.offsets[0] == 0 for batch in batches)
         flattened = [batch.values[a:b].tobytes() for batch in batches for a, b in zip(batch.offsets, batch.offsets[1:])]
         assert flattened == [record.tobytes() for record in records]
+
+
+@given(st.lists(st.binary(max_size=30), max_size=40), st.integers(1, 80), st.none() | st.integers(1, 6))
+def test_sharded_extend_flat_lays_out_shards_as_appending_does(tmp_path_factory, records, max_bytes, max_records):
+    directory = tmp_path_factory.mktemp("flat-shards")
+    limits = {"max_shard_bytes": max_bytes, "max_shard_records": max_records}
+    with varstore.ShardedWriter(directory / "appended", **limits) as writer:
+        writer.extend(records)
+    with varstore.ShardedWriter(directory / "flat", **limits) as writer:
+        writer.extend_flat(b"".join(records), [len(record) for record in records])
+    appended, flat = varstore.open(directory / "appended"), varstore.open(directory / "flat")
+    assert flat.manifest.shards == appended.manifest.shards
+    assert list(flat) == records

@@ -6,6 +6,8 @@ import glob
 import os
 from typing import Any, Iterable, Sequence
 
+import numpy as np
+
 from . import format as fmt
 from .codecs import codec_from_stored, make_codec
 from .errors import (
@@ -160,11 +162,18 @@ class ShardedWriter:
         if self._closed:
             raise ClosedError("extend_flat on a closed writer", path=self.path)
         payload, ends = flat_payloads(self._codec, values, lengths)
-        start = 0
-        for end in ends.tolist():
-            self._writer_for(end - start)._add_payload(payload[start:end], end - start)
-            self._record_count += 1
-            start = end
+        first, start = 0, 0
+        while first < len(ends):
+            # _writer_for rolls over if record `first` does not fit; then every record up to the limits goes in one call.
+            writer = self._writer_for(int(ends[first]) - start)
+            stop = int(np.searchsorted(ends, start + self._max_shard_bytes - writer.data_size, side="right"))
+            if self._max_shard_records is not None:
+                stop = min(stop, first + self._max_shard_records - len(writer))
+            stop = max(stop, first + 1)
+            end = int(ends[stop - 1])
+            writer._add_flat(payload[start:end], ends[first:stop] - start)
+            self._record_count += stop - first
+            first, start = stop, end
 
     def _writer_for(self, size: int) -> Writer:
         writer = self._writer

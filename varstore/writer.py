@@ -130,7 +130,10 @@ class Writer:
         """
         if self._closed:
             raise ClosedError("extend_flat on a closed writer", path=self.path)
-        payload, ends = flat_payloads(self._codec, values, lengths)
+        self._add_flat(*flat_payloads(self._codec, values, lengths))
+
+    def _add_flat(self, payload: bytes | bytearray | memoryview, ends: np.ndarray) -> None:
+        """Append records packed back to back in `payload`, record k ending at byte `ends[k]` of it."""
         if self._data_size + len(payload) > fmt.MAX_DATA_SIZE:
             raise VarstoreError(f"the shard would exceed {fmt.MAX_DATA_SIZE} bytes", path=self.path)
         if self._flags:
