@@ -12,7 +12,9 @@ import os
 
 from .errors import (
     ClosedError,
+    ConcurrentWriterError,
     CorruptRecordError,
+    DatasetReplacedError,
     FormatError,
     MissingFileError,
     RecordIndexError,
@@ -33,7 +35,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ClosedError",
+    "ConcurrentWriterError",
     "CorruptRecordError",
+    "DatasetReplacedError",
     "FlatBatch",
     "FormatError",
     "MissingFileError",

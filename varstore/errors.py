@@ -52,3 +52,11 @@ class RecordIndexError(VarstoreError, IndexError):
 
 class ClosedError(VarstoreError, ValueError):
     """A reader or writer was used after it was closed."""
+
+
+class ConcurrentWriterError(VarstoreError):
+    """Another writer (in this process or another) holds the lock on a dataset directory or shard."""
+
+
+class DatasetReplacedError(VarstoreError):
+    """A dataset or shard changed on disk after a reader opened it; reading on would mix two versions."""
