@@ -135,8 +135,7 @@ def test_bad_json_lines_name_the_line_and_leave_no_dataset(capsys, tmp_path, lin
     (tmp_path / "docs.jsonl").write_text("\n".join(lines), encoding="utf-8")
     code, _, err = run(capsys, "convert", tmp_path / "docs.jsonl", tmp_path / "ds", *arguments)
     assert_one_line_error(code, err, message)
-    assert not os.path.exists(tmp_path / "ds" / "manifest.json")
-    assert os.listdir(tmp_path / "ds") == []
+    assert not (tmp_path / "ds").exists()
 
 
 def test_text_lines_become_records_without_line_endings(capsys, tmp_path):
@@ -233,4 +232,209 @@ def test_folder_with_a_pipe_in_it_is_refused_without_hanging(capsys, tmp_path):
     os.mkfifo(tmp_path / "images" / "b.pipe")
     code, _, err = run(capsys, "convert", tmp_path / "images", tmp_path / "ds")
     assert_one_line_error(code, err, "b.pipe: not a regular file")
-    assert os.listdir(tmp_path / "ds") == []
+    assert not (tmp_path / "ds").exists()
+
+
+def _npy_header_only(path, shape) -> None:
+    """An .npy file of `shape` whose rows hold no bytes: a header and nothing else."""
+    with open(path, "wb") as file:
+        np.lib.format.write_array_header_1_0(file, {"descr": "<u1", "fortran_order": False, "shape": shape})
+
+
+@pytest.mark.parametrize("shape", [(2**40, 0), (3, 0, 2**50), (0, 2**40)])
+def test_npy_claiming_more_rows_than_its_bytes_is_refused_before_writing(capsys, tmp_path, shape):
+    _npy_header_only(tmp_path / "huge.npy", shape)
+    code, _, err = run(capsys, "convert", tmp_path / "huge.npy", tmp_path / "ds")
+    assert_one_line_error(code, err, "huge.npy", f"dimension of {max(shape):,}", "in a file of 128 bytes")
+    assert code == 1 and not (tmp_path / "ds").exists()
+
+
+def test_npy_of_empty_rows_within_its_size_is_converted(capsys, tmp_path):
+    _npy_header_only(tmp_path / "empty-rows.npy", (100, 0))
+    _convert(capsys, tmp_path / "empty-rows.npy", tmp_path / "ds")
+    assert [record.shape for record in _dumped(capsys, tmp_path / "ds")] == [(0,)] * 100
+
+
+def _npz_named_npy(path) -> None:
+    np.savez(path.with_suffix(".npz"), a=np.arange(3))
+    path.with_suffix(".npz").rename(path)
+
+
+@pytest.mark.parametrize(
+    ("write", "message"),
+    [(lambda path: path.write_bytes(b""), "empty file, not an .npy array"),
+     (_npz_named_npy, "an .npz archive of several arrays, not an .npy array"),
+     (lambda path: path.write_bytes(b"\x93NUMPY\x01\x00\x76\x00{'descr'"), "not an .npy array"),
+     (lambda path: path.write_bytes(b"plain text, not numpy at all"), "not an .npy array")],
+)
+def test_file_that_is_not_an_npy_array_is_one_line(capsys, tmp_path, write, message):
+    write(tmp_path / "rows.npy")
+    code, _, err = run(capsys, "convert", tmp_path / "rows.npy", tmp_path / "ds")
+    assert_one_line_error(code, err, "rows.npy", message)
+    assert not (tmp_path / "ds").exists()
+
+
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(st.data())
+def test_damaged_npy_headers_are_refused_in_one_line_or_converted(capsys, tmp_path_factory, data):
+    directory = tmp_path_factory.mktemp("npy")
+    path = directory / "rows.npy"
+    np.save(path, np.arange(12, dtype=np.int16).reshape(4, 3))
+    damaged = bytearray(path.read_bytes())
+    for _ in range(data.draw(st.integers(1, 4))):
+        damaged[data.draw(st.integers(0, len(damaged) - 1))] = data.draw(st.integers(0, 255))
+    cut = data.draw(st.integers(0, len(damaged)))
+    path.write_bytes(bytes(damaged[:cut]))
+    code, _, err = run(capsys, "convert", path, directory / "ds")
+    if code == 0:
+        assert varstore.open(directory / "ds").verify() is None
+    else:
+        assert_one_line_error(code, err, "rows.npy")
+        assert not (directory / "ds").exists()
+
+
+def test_json_lines_nested_too_deeply_name_the_line(capsys, tmp_path):
+    (tmp_path / "deep.jsonl").write_text('{"ok": 1}\n' + "[" * 100_000 + "]" * 100_000 + "\n")
+    code, _, err = run(capsys, "convert", tmp_path / "deep.jsonl", tmp_path / "ds")
+    assert_one_line_error(code, err, "deep.jsonl, line 2: JSON nested too deeply")
+    assert not (tmp_path / "ds").exists()
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [('{"text": "\\ud800"}', "line 1: record cannot be encoded with msgpack"), (b'{"a": "\xff"}', "line 1: not valid JSON"),
+     ("[" * 600 + "]" * 600, "line 1: record cannot be encoded with msgpack")],
+)
+def test_json_lines_the_writer_refuses_name_the_line(capsys, tmp_path, line, message):
+    (tmp_path / "docs.jsonl").write_bytes(line if isinstance(line, bytes) else line.encode())
+    code, _, err = run(capsys, "convert", tmp_path / "docs.jsonl", tmp_path / "ds")
+    assert_one_line_error(code, err, "docs.jsonl", message)
+
+
+@pytest.mark.parametrize(("name", "arguments"), [("lines.txt", []), ("lines.txt", ["--codec", "bytes"]), ("docs.jsonl", [])])
+def test_line_over_max_record_bytes_is_refused_with_bounded_reads(capsys, tmp_path, monkeypatch, name, arguments):
+    (tmp_path / name).write_bytes(b'"short"\n"' + b"x" * 5000 + b'"\n"after"\n')
+    longest_read = []
+    real_open = open
+
+    class MeasuredFile:
+        def __init__(self, file):
+            self.file = file
+
+        def readline(self, limit=-1):
+            assert limit > 0, "a line must be read with a bound"
+            line = self.file.readline(limit)
+            longest_read.append(len(line))
+            return line
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.file.close()
+
+    monkeypatch.setattr(sources, "open", lambda path, mode: MeasuredFile(real_open(path, mode)), raising=False)
+    code, _, err = run(capsys, "convert", tmp_path / name, tmp_path / "ds", "--max-record-bytes", "1K", *arguments)
+    assert_one_line_error(code, err, f"{name}, line 2: longer than --max-record-bytes (1,024 bytes)")
+    assert max(longest_read) <= 1024 + 2
+    assert not (tmp_path / "ds").exists()
+
+
+def test_line_of_exactly_max_record_bytes_with_crlf_is_kept(capsys, tmp_path):
+    (tmp_path / "lines.txt").write_bytes(b"x" * 1024 + b"\r\n" + b"y" * 1024)
+    _convert(capsys, tmp_path / "lines.txt", tmp_path / "ds", "--max-record-bytes", "1K")
+    assert _dumped(capsys, tmp_path / "ds") == ["x" * 1024, "y" * 1024]
+
+
+def test_folder_file_over_max_record_bytes_is_refused_before_it_is_read(capsys, tmp_path, monkeypatch):
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "a.jpg").write_bytes(b"a" * 1024)
+    (tmp_path / "images" / "b.jpg").write_bytes(b"b" * 1025)
+    reads = []
+    monkeypatch.setattr(sources.FolderSource, "_read", lambda self, path, real=sources.FolderSource._read: reads.append(path) or real(self, path))
+    code, _, err = run(capsys, "convert", tmp_path / "images", tmp_path / "ds", "--max-record-bytes", "1K")
+    assert_one_line_error(code, err, "b.jpg: 1,025 bytes is over --max-record-bytes (1,024)")
+    assert not (tmp_path / "ds").exists()
+    _convert(capsys, tmp_path / "images", tmp_path / "ds", "--max-record-bytes", "2K")
+    assert [record["name"] for record in _dumped(capsys, tmp_path / "ds")] == ["a.jpg", "b.jpg"]
+
+
+def test_folder_file_read_takes_at_most_the_limit_plus_one_byte(capsys, tmp_path, monkeypatch):
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "a.bin").write_bytes(b"a" * 4096)
+    monkeypatch.setattr(os, "fstat", lambda fd, real=os.fstat: os.stat_result((0,) * 6 + (0,) + real(fd)[7:]))
+    code, _, err = run(capsys, "convert", tmp_path / "images", tmp_path / "ds", "--max-record-bytes", "1K")
+    assert_one_line_error(code, err, "a.bin: 1,025 bytes is over --max-record-bytes (1,024)")
+
+
+def test_folder_file_without_memory_to_read_it_is_one_line(capsys, tmp_path, monkeypatch):
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "a.bin").write_bytes(b"a" * 100)
+
+    class NoMemoryFile:
+        def __init__(self, *args):
+            self.fd = os.open(tmp_path / "images" / "a.bin", os.O_RDONLY)
+
+        def fileno(self):
+            return self.fd
+
+        def read(self, size):
+            raise MemoryError
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            os.close(self.fd)
+
+    monkeypatch.setattr(sources, "open", NoMemoryFile, raising=False)
+    code, _, err = run(capsys, "convert", tmp_path / "images", tmp_path / "ds")
+    assert_one_line_error(code, err, "a.bin: not enough memory to read its 100 bytes")
+    assert not (tmp_path / "ds").exists()
+
+
+def test_folder_file_name_that_is_not_utf8_is_one_line(capsys, tmp_path):
+    (tmp_path / "images").mkdir()
+    with open(os.path.join(os.fsencode(tmp_path / "images"), b"bad-\xff.jpg"), "wb") as file:
+        file.write(b"jpeg")
+    code, _, err = run(capsys, "convert", tmp_path / "images", tmp_path / "ds")
+    assert_one_line_error(code, err, "bad-", "the file name is not valid UTF-8")
+
+
+def test_max_record_bytes_does_not_apply_to_arrays(capsys, tmp_path):
+    np.save(tmp_path / "rows.npy", np.zeros((2, 2)))
+    code, _, err = run(capsys, "convert", tmp_path / "rows.npy", tmp_path / "ds", "--max-record-bytes", "1K")
+    assert code == 2
+    assert_one_line_error(code, err, "--max_record_bytes does not apply to npy sources")
+
+
+def test_parquet_claiming_more_rows_than_its_bytes_is_refused(capsys, tmp_path):
+    pyarrow = pytest.importorskip("pyarrow")
+    parquet = pytest.importorskip("pyarrow.parquet")
+    parquet.write_table(pyarrow.table({"nothing": pyarrow.nulls(1_000_000)}), tmp_path / "nulls.parquet")
+    code, _, err = run(capsys, "convert", tmp_path / "nulls.parquet", tmp_path / "ds")
+    assert_one_line_error(code, err, "nulls.parquet: its metadata claims 1,000,000 rows in a file of")
+    assert not (tmp_path / "ds").exists()
+
+
+def test_damaged_parquet_names_the_file(capsys, tmp_path):
+    pyarrow = pytest.importorskip("pyarrow")
+    parquet = pytest.importorskip("pyarrow.parquet")
+    parquet.write_table(pyarrow.table({"text": [f"row {index}" * 20 for index in range(200)]}), tmp_path / "rows.parquet",
+                        compression="none")
+    data = bytearray((tmp_path / "rows.parquet").read_bytes())
+    data[100:900] = bytes(800)  # the first data page, not the footer
+    (tmp_path / "rows.parquet").write_bytes(bytes(data))
+    code, _, err = run(capsys, "convert", tmp_path / "rows.parquet", tmp_path / "ds")
+    assert_one_line_error(code, err, "rows.parquet")
+    assert not (tmp_path / "ds").exists()
+
+
+def test_failed_convert_removes_the_directories_it_created_but_not_others(capsys, tmp_path):
+    (tmp_path / "docs.jsonl").write_text('{"a": 1}\nnot json\n')
+    code, _, err = run(capsys, "convert", tmp_path / "docs.jsonl", tmp_path / "new" / "deeper" / "ds")
+    assert_one_line_error(code, err, "line 2: not valid JSON")
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "existing").mkdir()
+    code, _, _ = run(capsys, "convert", tmp_path / "docs.jsonl", tmp_path / "existing")
+    assert code == 1 and (tmp_path / "existing").is_dir() and os.listdir(tmp_path / "existing") == []

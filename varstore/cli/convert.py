@@ -12,19 +12,19 @@ import varstore
 from .arguments import add_quiet_option, byte_size, json_object, positive_int
 from .errors import CommandError, UsageError
 from .output import format_size, plural, progress_bar
-from .sources import FolderSource, JsonLinesSource, NpySource, ParquetSource, Source, TextSource, TokenSource
+from .sources import DEFAULT_MAX_RECORD_BYTES, FolderSource, JsonLinesSource, NpySource, ParquetSource, Source, TextSource, TokenSource
 
 _FORMAT_BY_SUFFIX = {".npy": "npy", ".bin": "tokens", ".jsonl": "jsonl", ".ndjson": "jsonl", ".txt": "text", ".parquet": "parquet"}
 # The options each source format reads; any other source option given is a usage error, never silently ignored.
 _FORMAT_OPTIONS = {
     "npy": {"offsets"},
     "tokens": {"dtype", "separator"},
-    "jsonl": {"field", "codec"},
-    "text": {"codec"},
-    "folder": set(),
+    "jsonl": {"field", "codec", "max_record_bytes"},
+    "text": {"codec", "max_record_bytes"},
+    "folder": {"max_record_bytes"},
     "parquet": {"field", "codec"},
 }
-_SOURCE_OPTIONS = ("offsets", "dtype", "separator", "field", "codec")
+_SOURCE_OPTIONS = ("offsets", "dtype", "separator", "field", "codec", "max_record_bytes")
 
 _EPILOG = """sources (the format is told by the name, or by --format):
   DIR/             folder: one msgpack record {"name": relative path, "data": bytes} per file, sorted by path
@@ -33,6 +33,17 @@ _EPILOG = """sources (the format is told by the name, or by --format):
   FILE.jsonl       jsonl: one msgpack record per line, or the text of one --field (str, or bytes with --codec)
   FILE.txt         text: one record per line, line endings removed (str, or bytes with --codec bytes)
   FILE.parquet     parquet: one msgpack record per row, or one --field column (needs pyarrow)
+
+limits:
+  Memory stays bounded: arrays and token files are memory-mapped and written in
+  16 MiB pieces, Parquet is read in batches of rows. A record is held whole in
+  memory while it is written, so a line (jsonl, text) or a folder's file longer
+  than --max-record-bytes (default 64M) is refused with its name and line.
+  An .npy array or Parquet file whose header claims more records than the file
+  has bytes (e.g. an .npy of shape (2**40, 0): rows of no bytes) is refused
+  before anything is written.
+  DST is locked for one writer: a second convert or merge into it is refused.
+  A failed convert removes what it wrote, and DST itself if it created it.
 
 examples:
   varstore convert train.bin train/ --dtype uint16 --separator 50256
@@ -61,6 +72,8 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--max-shard-bytes", type=byte_size, default=256 << 20, metavar="SIZE",
                         help="start a new shard before one grows past SIZE of payload, e.g. 64M, 1G (default 256M)")
     parser.add_argument("--max-shard-records", type=positive_int, metavar="N", help="at most N records per shard")
+    parser.add_argument("--max-record-bytes", type=byte_size, metavar="SIZE",
+                        help="jsonl, text, folder: refuse a line or file longer than SIZE (default 64M)")
     parser.add_argument("--metadata", type=json_object, metavar="JSON", help="user metadata, a JSON object")
     parser.add_argument("--overwrite", action="store_true", help="replace a dataset already at DST")
     add_quiet_option(parser)
@@ -94,24 +107,50 @@ def _open_source(args: argparse.Namespace) -> Source:
         if args.dtype is None or args.separator is None:
             raise UsageError("a token file needs --dtype (e.g. uint16) and --separator (the end-of-document token id)")
         return TokenSource(args.source, args.dtype, args.separator)
+    max_record_bytes = args.max_record_bytes or DEFAULT_MAX_RECORD_BYTES
     if kind == "jsonl":
-        return JsonLinesSource(args.source, args.field, args.codec)
+        return JsonLinesSource(args.source, args.field, args.codec, max_record_bytes)
     if kind == "text":
-        return TextSource(args.source, args.codec)
+        return TextSource(args.source, args.codec, max_record_bytes)
     if kind == "parquet":
         return ParquetSource(args.source, args.field, args.codec)
-    return FolderSource(args.source)
+    return FolderSource(args.source, max_record_bytes)
+
+
+def _missing_directories(path: str) -> list[str]:
+    """`path` and those of its parents that do not exist yet, deepest first."""
+    missing = []
+    path = os.path.abspath(path)
+    while not os.path.lexists(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    return missing
+
+
+def _remove_empty_directories(paths: list[str]) -> None:
+    """Remove the directories convert created, deepest first, stopping at the first that is not empty."""
+    for path in paths:
+        try:
+            os.rmdir(path)
+        except OSError:
+            return
 
 
 def run(args: argparse.Namespace) -> int:
     source = _open_source(args)
     started = time.perf_counter()
-    with varstore.ShardedWriter(
-        args.destination, codec=source.codec, dtype=source.dtype, shape=source.shape, metadata=args.metadata,
-        max_shard_bytes=args.max_shard_bytes, max_shard_records=args.max_shard_records, overwrite=args.overwrite,
-    ) as writer:
-        with progress_bar(source.total, description="convert", unit=source.unit, quiet=args.quiet) as progress:
-            source.write_to(writer, progress)
+    created = _missing_directories(args.destination)
+    try:
+        # The writer locks DST for the whole run, and on an error removes every shard it wrote.
+        with varstore.ShardedWriter(
+            args.destination, codec=source.codec, dtype=source.dtype, shape=source.shape, metadata=args.metadata,
+            max_shard_bytes=args.max_shard_bytes, max_shard_records=args.max_shard_records, overwrite=args.overwrite,
+        ) as writer:
+            with progress_bar(source.total, description="convert", unit=source.unit, quiet=args.quiet) as progress:
+                source.write_to(writer, progress)
+    except BaseException:
+        _remove_empty_directories(created)
+        raise
     seconds = time.perf_counter() - started
     with varstore.ShardedReader(args.destination) as dataset:
         payload = sum(entry.data_size for entry in dataset.manifest.shards)

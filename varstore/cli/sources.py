@@ -1,8 +1,14 @@
 """What ``varstore convert`` reads: one class per source format, each streaming its records into a writer.
 
 Every source reads in bounded pieces (memory maps for arrays and token files,
-line by line for text, batches for Parquet), so memory stays constant whatever
-the file size. Errors name the file and the line, row or record concerned.
+line by line for text, batches for Parquet, one file at a time for folders), so
+memory stays constant whatever the input's size. A record must be whole in memory
+to be written, so a line or a folder's file longer than `max_record_bytes` is
+refused. A source whose header claims more records than it has bytes (an .npy
+of shape (2**40, 0), a Parquet file of 2**40 null rows) is refused before
+anything is written: no input may make convert write an index larger than
+about eight times itself. Errors name the file and the line, row or record
+concerned.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from .output import Progress
 _CHUNK_BYTES = 16 << 20
 _PROGRESS_STEP_BYTES = 1 << 20
 _PARQUET_BATCH_ROWS = 4096
+DEFAULT_MAX_RECORD_BYTES = 64 << 20
 
 
 class Source:
@@ -42,6 +49,16 @@ def _append(writer: ShardedWriter, record: Any, where: str) -> None:
         writer.append(record)
     except RecordTypeError as error:
         raise CommandError(f"{where}: {error}") from None
+    except MemoryError:
+        raise CommandError(f"{where}: not enough memory to encode this record") from None
+
+
+def _check_claimed_count(path: str, claimed: int, claim: str) -> None:
+    """Refuse an input whose header claims more records or rows than it has bytes: only a forged or absurd file does."""
+    size = os.path.getsize(path)
+    if claimed > size:
+        raise CommandError(f"{path}: {claim} in a file of {size:,} bytes; convert refuses an input that claims "
+                           "more records or rows than it has bytes")
 
 
 class NpySource(Source):
@@ -54,6 +71,8 @@ class NpySource(Source):
         self.array = _map_npy(path)
         if self.array.ndim == 0:
             raise CommandError(f"{path}: holds a single value, not rows of records")
+        # A dimension can exceed the file's bytes only beside a zero one (rows of no bytes): an absurd shape.
+        _check_claimed_count(path, max(self.array.shape), f"its shape {self.array.shape} has a dimension of {max(self.array.shape):,}")
         try:
             self.dtype = canonical_dtype(self.array.dtype)
         except RecordTypeError as error:
@@ -97,9 +116,15 @@ class NpySource(Source):
 
 def _map_npy(path: str) -> np.ndarray:
     try:
-        return np.load(path, mmap_mode="r", allow_pickle=False)
-    except ValueError as error:
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+    except EOFError:
+        raise CommandError(f"{path}: empty file, not an .npy array") from None
+    except (ValueError, OverflowError) as error:
         raise CommandError(f"{path}: not an .npy array that can be memory-mapped: {error}") from None
+    if not isinstance(array, np.ndarray):
+        array.close()  # np.load opened an .npz archive: several arrays, not one
+        raise CommandError(f"{path}: an .npz archive of several arrays, not an .npy array; save the array with numpy.save")
+    return array
 
 
 def _checked_offsets(path: str, rows: int) -> np.ndarray:
@@ -164,16 +189,21 @@ class TokenSource(Source):
             writer.append(tokens[start:])
 
 
-def _lines(path: str, progress: Progress) -> Iterator[tuple[int, bytes]]:
-    """(line number, line without its line ending), reporting bytes read."""
-    pending = 0
+def _lines(path: str, progress: Progress, max_bytes: int) -> Iterator[tuple[int, bytes]]:
+    """(line number, line without its line ending), reporting bytes read; a line over `max_bytes` is refused."""
+    pending, number = 0, 0
     with open(path, "rb") as file:
-        for number, line in enumerate(file, 1):
+        # Reading at most max_bytes + 2 (the longest ending, \r\n) bounds memory whatever the file holds.
+        while line := file.readline(max_bytes + 2):
+            number += 1
             pending += len(line)
             if pending >= _PROGRESS_STEP_BYTES:
                 progress(pending)
                 pending = 0
-            yield number, line.rstrip(b"\n").removesuffix(b"\r")
+            text = line.removesuffix(b"\n").removesuffix(b"\r")
+            if len(text) > max_bytes:
+                raise CommandError(f"{path}, line {number}: longer than --max-record-bytes ({max_bytes:,} bytes)")
+            yield number, text
     progress(pending)
 
 
@@ -191,22 +221,19 @@ def _field_record(value: Any, codec: str, where: str) -> str | bytes:
 class JsonLinesSource(Source):
     """JSON Lines: each line a structured sample (msgpack), or one text field of it (str or bytes)."""
 
-    def __init__(self, path: str, field: str | None, codec: str | None) -> None:
+    def __init__(self, path: str, field: str | None, codec: str | None, max_record_bytes: int) -> None:
         if codec is not None and field is None:
             raise UsageError("--codec applies to JSON Lines only with --field; whole samples are stored as msgpack")
-        self.path, self.field = path, field
+        self.path, self.field, self.max_record_bytes = path, field, max_record_bytes
         self.codec = "msgpack" if field is None else codec or "str"
         self.total = os.path.getsize(path)
 
     def write_to(self, writer: ShardedWriter, progress: Progress) -> None:
-        for number, line in _lines(self.path, progress):
+        for number, line in _lines(self.path, progress, self.max_record_bytes):
             if not line.strip():
                 continue
             where = f"{self.path}, line {number}"
-            try:
-                sample = json.loads(line.decode("utf-8"))
-            except ValueError as error:
-                raise CommandError(f"{where}: not valid JSON: {error}") from None
+            sample = _parse_json_line(line, where)
             if self.field is not None:
                 if not isinstance(sample, dict) or self.field not in sample:
                     raise CommandError(f"{where}: no field {self.field!r} in this line")
@@ -214,46 +241,78 @@ class JsonLinesSource(Source):
             _append(writer, sample, where)
 
 
+def _parse_json_line(line: bytes, where: str) -> Any:
+    try:
+        return json.loads(line.decode("utf-8"))
+    except ValueError as error:  # UnicodeDecodeError included
+        raise CommandError(f"{where}: not valid JSON: {error}") from None
+    except RecursionError:
+        raise CommandError(f"{where}: JSON nested too deeply to read") from None
+    except MemoryError:
+        raise CommandError(f"{where}: not enough memory to parse this line") from None
+
+
 class TextSource(Source):
     """A text file, one record per line (line endings removed); str records, or bytes with no decoding."""
 
-    def __init__(self, path: str, codec: str | None) -> None:
-        self.path = path
+    def __init__(self, path: str, codec: str | None, max_record_bytes: int) -> None:
+        self.path, self.max_record_bytes = path, max_record_bytes
         self.codec = codec or "str"
         self.total = os.path.getsize(path)
 
     def write_to(self, writer: ShardedWriter, progress: Progress) -> None:
-        for number, line in _lines(self.path, progress):
+        for number, line in _lines(self.path, progress, self.max_record_bytes):
+            where = f"{self.path}, line {number}"
             if self.codec == "bytes":
-                writer.append(line)
+                _append(writer, line, where)
                 continue
             try:
                 text = line.decode("utf-8")
             except UnicodeDecodeError as error:
-                raise CommandError(f"{self.path}, line {number}: not valid UTF-8 ({error}); --codec bytes keeps raw bytes") from None
-            writer.append(text)
+                raise CommandError(f"{where}: not valid UTF-8 ({error}); --codec bytes keeps raw bytes") from None
+            _append(writer, text, where)
 
 
 class FolderSource(Source):
     """A folder of files, one msgpack record per file: ``{"name": relative path, "data": bytes}``, sorted by name.
 
     Links to files are read; links to folders are refused rather than followed (they may loop).
+    A record is written whole, so a file over `max_record_bytes` is refused before it is read.
     """
 
     codec = "msgpack"
     unit = "file"
 
-    def __init__(self, path: str) -> None:
-        self.path = path
+    def __init__(self, path: str, max_record_bytes: int) -> None:
+        self.path, self.max_record_bytes = path, max_record_bytes
 
     def write_to(self, writer: ShardedWriter, progress: Progress) -> None:
         for path, name in _files_in(self.path, ""):
             if not os.path.isfile(path):
                 raise CommandError(f"{path}: not a regular file; convert reads regular files and links to them")
-            with open(path, "rb") as file:
-                data = file.read()
-            writer.append({"name": name, "data": data})
+            try:
+                name.encode("utf-8")
+            except UnicodeEncodeError:
+                raise CommandError(f"{path!r}: the file name is not valid UTF-8; rename the file") from None
+            _append(writer, {"name": name, "data": self._read(path)}, path)
             progress(1)
+
+    def _read(self, path: str) -> bytes:
+        """The file's bytes, or a one-line error if it is over the limit (checked before and while reading)."""
+        with open(path, "rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            if size <= self.max_record_bytes:
+                try:
+                    data = file.read(self.max_record_bytes + 1)
+                except MemoryError:
+                    raise CommandError(f"{path}: not enough memory to read its {size:,} bytes") from None
+                size = max(size, len(data))  # it may have grown since fstat
+        if size > self.max_record_bytes:
+            raise CommandError(
+                f"{path}: {size:,} bytes is over --max-record-bytes ({self.max_record_bytes:,}); "
+                "each file becomes one record, held whole in memory while it is written"
+            )
+        return data
 
 
 def _files_in(directory: str, prefix: str) -> Iterator[tuple[str, str]]:
@@ -275,12 +334,15 @@ class ParquetSource(Source):
     def __init__(self, path: str, field: str | None, codec: str | None) -> None:
         parquet = require_extra("pyarrow.parquet", "parquet", "converting Parquet")
         self.path, self.field = path, field
+        # Every pyarrow error derives from ArrowException (or OSError, for ArrowIOError).
+        self._read_errors = (require_extra("pyarrow", "parquet", "converting Parquet").ArrowException, OSError)
         try:
             self.file = parquet.ParquetFile(path)
-        except (ValueError, OSError) as error:  # pyarrow's ArrowInvalid and ArrowIOError derive from these
+        except self._read_errors as error:
             raise CommandError(f"{path}: not a Parquet file pyarrow can read: {error}") from None
         schema = self.file.schema_arrow
         self.total = self.file.metadata.num_rows
+        _check_claimed_count(path, self.total, f"its metadata claims {self.total:,} rows")
         if field is None:
             if codec is not None:
                 raise UsageError("--codec applies to Parquet only with --field; whole rows are stored as msgpack")
@@ -292,14 +354,26 @@ class ParquetSource(Source):
         self.codec = codec or ("bytes" if "binary" in column_type else "str")
 
     def write_to(self, writer: ShardedWriter, progress: Progress) -> None:
-        columns = None if self.field is None else [self.field]
-        row = 0
-        for batch in self.file.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=columns):
-            values = batch.to_pylist() if self.field is None else batch.column(0).to_pylist()
-            for value in values:
+        for first_row, values in self._batches():
+            for row, value in enumerate(values, first_row):
                 where = f"{self.path}, row {row}"
                 if self.field is not None:
                     value = _field_record(value, self.codec, f"{where}, column {self.field!r}")
                 _append(writer, value, where)
-                row += 1
             progress(len(values))
+
+    def _batches(self) -> Iterator[tuple[int, list[Any]]]:
+        """(first row, its batch's rows or field values as Python values); a read error names the row it reached."""
+        columns = None if self.field is None else [self.field]
+        batches = self.file.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=columns)
+        row = 0
+        while True:
+            try:
+                batch = next(batches, None)
+                if batch is None:
+                    return
+                values = batch.to_pylist() if self.field is None else batch.column(0).to_pylist()
+            except self._read_errors as error:
+                raise CommandError(f"{self.path}, from row {row}: pyarrow cannot read it: {error}") from None
+            yield row, values
+            row += len(values)
