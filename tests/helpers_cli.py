@@ -23,17 +23,26 @@ def run(capsys: Any, *args: Any) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON (RFC 8259)")
+
+
+def strict_json(text: str) -> Any:
+    """Parse `text` as strict JSON: bare NaN, Infinity and -Infinity are refused, as jq and other parsers should."""
+    return json.loads(text, parse_constant=_refuse_constant)
+
+
 def run_json(capsys: Any, *args: Any, expected_code: int = 0) -> Any:
-    """`main` with ``--json`` added; the one JSON document it printed."""
+    """`main` with ``--json`` added; the one strict JSON document it printed."""
     code, out, err = run(capsys, *args, "--json")
     assert code == expected_code, err
-    return json.loads(out)
+    return strict_json(out)
 
 
 def run_json_lines(capsys: Any, *args: Any) -> list[Any]:
     code, out, err = run(capsys, *args, "--json")
     assert code == 0, err
-    return [json.loads(line) for line in out.splitlines()]
+    return [strict_json(line) for line in out.splitlines()]
 
 
 def run_script(*args: Any) -> subprocess.CompletedProcess[bytes]:

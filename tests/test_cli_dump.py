@@ -9,8 +9,11 @@ import numpy as np
 import pytest
 
 import varstore
+from varstore.record_json import from_json
 
-from .helpers_cli import VECTOR_NAMES, VECTORS, assert_one_line_error, run, run_json_lines, run_script, write_dataset, write_shard
+from .helpers_cli import (
+    VECTOR_NAMES, VECTORS, assert_one_line_error, run, run_json_lines, run_script, strict_json, write_dataset, write_shard,
+)
 
 
 @pytest.mark.parametrize("name", VECTOR_NAMES)
@@ -143,3 +146,42 @@ def test_damaged_record_is_an_error_naming_it(capsys, tmp_path):
     code, _, err = run(capsys, "dump", shard, "-i", "1")
     assert code == 1
     assert_one_line_error(code, err, "record 1 does not decode as msgpack")
+
+
+def _same(left, right) -> bool:
+    """Equality that counts NaN equal to NaN, through dicts, lists and arrays."""
+    if isinstance(left, np.ndarray):
+        return isinstance(right, np.ndarray) and left.dtype == right.dtype and np.array_equal(left, right, equal_nan=True)
+    if isinstance(left, dict):
+        return isinstance(right, dict) and left.keys() == right.keys() and all(_same(left[key], right[key]) for key in left)
+    if isinstance(left, list):
+        return isinstance(right, list) and len(left) == len(right) and all(map(_same, left, right))
+    if isinstance(left, float) and isinstance(right, float):
+        return left == right or (left != left and right != right)
+    return left == right
+
+
+NON_FINITE = [np.nan, np.inf, -np.inf]
+
+
+@pytest.mark.parametrize(
+    ("options", "records"),
+    [({"codec": "ndarray", "dtype": "float16"}, [np.array([1.5, np.nan, np.inf, -np.inf], np.float16)]),
+     ({"codec": "ndarray", "dtype": "float32", "shape": [2]}, [np.array([[np.nan, 0.25], [-np.inf, np.inf]], np.float32)]),
+     ({"codec": "ndarray", "dtype": "complex64"}, [np.array([complex(np.nan, 1), complex(2, -np.inf)], np.complex64)]),
+     ({"codec": "msgpack"}, [{"loss": np.nan, "values": [np.inf, -np.inf, 0.5], "scale": np.array(np.inf, np.float32),
+                             "mask": np.array(NON_FINITE, np.float64)}, [np.nan]])],
+)
+def test_dump_json_spells_nan_and_infinities_as_strict_json_that_reads_back(capsys, tmp_path, options, records):
+    shard = write_shard(tmp_path / "floats", records, **options)
+    lines = run_json_lines(capsys, "dump", shard)  # parsed strictly: a bare NaN or Infinity fails here
+    decoded = [from_json(line["record"]) for line in lines]
+    assert len(decoded) == len(records) and all(map(_same, decoded, records))
+
+
+def test_non_finite_float_spelling_is_the_one_the_spec_gives(capsys, tmp_path):
+    shard = write_shard(tmp_path / "floats", [{"a": np.nan, "b": [np.inf, -np.inf]}, np.array([np.nan], np.float32)],
+                        codec="msgpack")
+    lines = run_json_lines(capsys, "dump", shard)
+    assert lines[0]["record"] == {"a": {"$float": "NaN"}, "b": [{"$float": "Infinity"}, {"$float": "-Infinity"}]}
+    assert lines[1]["record"] == {"$array": {"dtype": "<f4", "shape": [1], "values": [{"$float": "NaN"}]}}

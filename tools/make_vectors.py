@@ -101,7 +101,7 @@ def main() -> None:
             "records": [to_json(record) for record in description["records"]],
         }
         with open(prefix + ".json", "w", encoding="utf-8") as file:
-            json.dump(document, file, indent=1, ensure_ascii=False)
+            json.dump(document, file, indent=1, ensure_ascii=False, allow_nan=False)  # strict JSON (§6)
             file.write("\n")
         print(f"{name}: {header.record_count} records, {os.path.getsize(prefix + '.index')} index bytes, {header.data_size} data bytes")
 

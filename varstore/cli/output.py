@@ -51,8 +51,8 @@ def describe_codec(codec: str, dtype: np.dtype | None, shape: tuple[int, ...] | 
 
 
 def print_json(value: Any) -> None:
-    """One JSON document on one line of stdout."""
-    print(json.dumps(value, ensure_ascii=False))
+    """One strict JSON document on one line of stdout (non-finite floats must already be spelled out, §6)."""
+    print(json.dumps(value, ensure_ascii=False, allow_nan=False))
 
 
 def print_fields(fields: Sequence[tuple[str, str]]) -> None:
