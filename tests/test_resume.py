@@ -14,14 +14,21 @@ from .helpers_reliability import assert_store_holds, final_index_names, make_rec
 RECORDS = make_records(50, 40)
 
 
-def interrupted_dataset(directory, shards: int, **options) -> None:
-    """Shards as a writer leaves them when it dies before its manifest: committed, unlisted."""
+def interrupted_dataset(directory, shards: int, *, last_committed: bool = False, **options) -> None:
+    """Shards as a writer leaves them when it dies before its manifest: committed, unlisted.
+
+    With `last_committed` the writer dies just after committing its last shard, before its journal says so.
+    """
     options.setdefault("max_shard_records", 10)
     writer = varstore.ShardedWriter(directory, **options)
     writer.extend(RECORDS[: 10 * shards + 3])
-    writer._writer.abort()  # the shard in progress dies with the process
+    if last_committed:
+        writer._writer.close()
+    else:
+        writer._writer.abort()  # the shard in progress dies with the process
     writer._writer = None
     writer._closed = True
+    del writer  # the process ends: its locks go
 
 
 def resume(directory, **options) -> int:
@@ -46,20 +53,35 @@ def test_resume_with_nothing_to_adopt_starts_from_the_beginning(tmp_path):
     assert_store_holds(tmp_path / "new", RECORDS)
 
 
+def test_resume_adopts_a_last_shard_committed_just_before_the_kill(tmp_path):
+    interrupted_dataset(tmp_path, 2, last_committed=True)
+    assert resume(tmp_path) == 23
+    assert_store_holds(tmp_path, RECORDS)
+
+
 def test_resume_discards_a_damaged_last_shard(tmp_path):
-    interrupted_dataset(tmp_path, 3)
+    interrupted_dataset(tmp_path, 2, last_committed=True)
     with open(tmp_path / "shard-000002.data", "r+b") as file:
-        file.seek(5)
+        file.seek(1)
         file.write(b"\x00\x01\x02")
     assert resume(tmp_path) == 20
     assert_store_holds(tmp_path, RECORDS)
 
 
 def test_resume_discards_a_half_published_last_shard(tmp_path):
-    interrupted_dataset(tmp_path, 3)
-    os.unlink(tmp_path / "shard-000002.index")  # killed between the data and the index rename
+    interrupted_dataset(tmp_path, 2, last_committed=True)
+    os.unlink(tmp_path / "shard-000002.index")  # killed between the data and the index link
     assert resume(tmp_path) == 20
     assert_store_holds(tmp_path, RECORDS)
+
+
+def test_resume_refuses_a_journaled_shard_that_changed(tmp_path):
+    interrupted_dataset(tmp_path, 3)
+    with open(tmp_path / "shard-000002.data", "r+b") as file:
+        file.seek(1)
+        file.write(b"\x00\x01\x02")
+    with pytest.raises(varstore.FormatError, match="shard-000002"):
+        varstore.ShardedWriter(tmp_path, resume=True, max_shard_records=10)
 
 
 def test_resume_refuses_a_damaged_shard_before_the_last(tmp_path):
@@ -72,7 +94,7 @@ def test_resume_refuses_a_damaged_shard_before_the_last(tmp_path):
 
 def test_resume_refuses_shards_of_another_codec(tmp_path):
     interrupted_dataset(tmp_path, 2)
-    with pytest.raises(varstore.RecordTypeError, match="cannot resume: the shard stores codec bytes"):
+    with pytest.raises(varstore.RecordTypeError, match="cannot resume: the interrupted run stores codec bytes"):
         varstore.ShardedWriter(tmp_path, codec="msgpack", resume=True)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import tracemalloc
 
@@ -46,7 +47,21 @@ def test_existing_shard_is_not_overwritten_unless_asked(tmp_path):
     assert list(varstore.open(tmp_path / "docs")) == [b"new"]
 
 
-def test_shard_created_meanwhile_is_not_clobbered_at_commit(tmp_path):
+def test_second_writer_of_one_shard_is_refused_while_the_first_lives(tmp_path):
+    first = varstore.Writer(tmp_path / "docs")
+    first.append(b"first")
+    with pytest.raises(varstore.ConcurrentWriterError, match=rf"docs.*pid {os.getpid()}"):
+        varstore.Writer(tmp_path / "docs", overwrite=True)
+    first.close()
+    assert list(varstore.open(tmp_path / "docs")) == [b"first"]
+    with varstore.Writer(tmp_path / "docs", overwrite=True) as second:  # the lock went with the first writer
+        second.append(b"second")
+    assert list(varstore.open(tmp_path / "docs")) == [b"second"]
+
+
+def test_shard_created_meanwhile_is_not_clobbered_at_commit(tmp_path, monkeypatch):
+    """Without the lock (another machine, say), the no-clobber link still lets only one writer publish."""
+    monkeypatch.setattr(varstore.writer, "lock_shard", lambda prefix: None)
     late = varstore.Writer(tmp_path / "docs")
     late.append(b"late")
     with varstore.Writer(tmp_path / "docs") as first:
@@ -54,7 +69,28 @@ def test_shard_created_meanwhile_is_not_clobbered_at_commit(tmp_path):
     with pytest.raises(varstore.ShardExistsError):
         late.close()
     assert list(varstore.open(tmp_path / "docs")) == [b"first"]
-    assert not [name for name in os.listdir(tmp_path) if TEMP_MARK in name]
+    assert sorted(os.listdir(tmp_path)) == ["docs.data", "docs.index"]
+
+
+@pytest.mark.parametrize("errno_name", ["EPERM", "EOPNOTSUPP", "EXDEV", "EMLINK"])
+def test_filesystem_without_hard_links_falls_back_to_check_then_rename(tmp_path, monkeypatch, errno_name):
+    def refuse(*args, **kwargs):
+        raise OSError(getattr(errno, errno_name), os.strerror(getattr(errno, errno_name)))
+
+    monkeypatch.setattr(os, "link", refuse)
+    with varstore.Writer(tmp_path / "docs") as writer:
+        writer.append(b"first")
+    assert list(varstore.open(tmp_path / "docs")) == [b"first"]
+    with pytest.raises(varstore.ShardExistsError):
+        varstore.Writer(tmp_path / "docs")
+    monkeypatch.setattr(varstore.writer, "lock_shard", lambda prefix: None)
+    late = varstore.Writer(tmp_path / "other")
+    late.append(b"late")
+    with varstore.Writer(tmp_path / "other") as first:
+        first.append(b"first")
+    with pytest.raises(varstore.ShardExistsError):
+        late.close()
+    assert list(varstore.open(tmp_path / "other")) == [b"first"]
 
 
 def test_append_after_close_is_a_closed_error(tmp_path):

@@ -68,8 +68,9 @@ class WriterLock:
         try:
             os.ftruncate(self._fd, 0)
             os.pwrite(self._fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
-        except OSError:
-            pass  # the holder's name is a courtesy to the writer refused; the lock itself is held
+        except OSError as error:
+            self.release()  # a disk that cannot take these few bytes cannot take the writer's files either
+            raise StorageError(f"cannot write the writer lock: {error.strerror or error}", path=path) from None
 
     def _open(self) -> int:
         try:

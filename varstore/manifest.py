@@ -17,8 +17,8 @@ from typing import Any
 
 from . import format as fmt
 from .checksum import crc32c
-from .errors import FormatError, MissingFileError, StorageError
-from .storage import remove_quietly, storage_error, temporary_path, write_all
+from .errors import FormatError, MissingFileError, ShardExistsError, StorageError
+from .storage import publish_new, remove_quietly, storage_error, temporary_path, write_all
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "varstore-dataset"
@@ -72,15 +72,31 @@ def _require_int(value: Any, low: int, high: int, what: str, path: str) -> int:
     return value
 
 
+class _DuplicateMember(ValueError):
+    pass
+
+
+def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refused if a member name repeats: parsers differ on which one wins."""
+    seen: set[str] = set()
+    for name, _ in pairs:
+        if name in seen:
+            raise _DuplicateMember(f"member {name!r} appears twice in one object")
+        seen.add(name)
+    return dict(pairs)
+
+
 def decode_manifest(raw: bytes, *, path: str) -> Manifest:
     """Parse and validate a manifest; every field is checked before any is trusted."""
     try:
-        document = json.loads(raw.decode("utf-8"))
+        document = json.loads(raw.decode("utf-8"), object_pairs_hook=_object_without_duplicates)
+    except _DuplicateMember as error:
+        raise FormatError(f"manifest is ambiguous: {error}", path=path) from None
     except (UnicodeDecodeError, ValueError, RecursionError) as error:
         raise FormatError(f"manifest is not valid UTF-8 JSON: {error}", path=path) from None
     if not isinstance(document, dict) or document.get("format") != MANIFEST_FORMAT:
         raise FormatError(f'not a varstore manifest: expected "format": "{MANIFEST_FORMAT}"', path=path)
-    if document.get("version") != MANIFEST_VERSION:
+    if type(document.get("version")) is not int or document.get("version") != MANIFEST_VERSION:
         raise FormatError(f"manifest version {document.get('version')!r} is not supported; expected {MANIFEST_VERSION}", path=path)
     codec, metadata, shards = document.get("codec"), document.get("metadata"), document.get("shards")
     if not isinstance(codec, dict) or not isinstance(codec.get("name"), str) or not isinstance(codec.get("params"), dict):
@@ -134,11 +150,13 @@ def read_manifest(directory: str) -> Manifest:
     return decode_manifest(raw, path=path)
 
 
-def commit_manifest_file(directory: str, manifest: Manifest) -> None:
-    """Commit `manifest` atomically: temporary file, fsync, rename over ``manifest.json``.
+def commit_manifest_file(directory: str, manifest: Manifest, *, overwrite: bool = False) -> None:
+    """Commit `manifest` atomically: temporary file, fsync, then its final name ``manifest.json``.
 
-    The rename is the commit point: a failure before it leaves the previous
-    manifest untouched. The caller then makes the commit durable with `sync_directory`.
+    Naming it is the commit point: a failure before leaves the previous manifest
+    untouched. Without `overwrite` an existing manifest is never replaced
+    (`ShardExistsError`); with it, the new one is renamed over the old one, so
+    readers always find one. The caller then makes the commit durable with `sync_directory`.
     """
     final = os.path.join(directory, MANIFEST_NAME)
     temporary = temporary_path(final)
@@ -152,10 +170,16 @@ def commit_manifest_file(directory: str, manifest: Manifest) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(temporary, final)
+        if overwrite:
+            os.replace(temporary, final)
+        else:
+            publish_new([(temporary, final)])
     except OSError as error:
         remove_quietly([temporary])
         raise storage_error(error, "writing the manifest") from None
+    except ShardExistsError:
+        remove_quietly([temporary])
+        raise ShardExistsError("a dataset was committed here meanwhile; pass overwrite=True to replace it", path=final) from None
 
 
 def describe_shard(directory: str, name: str) -> tuple[ShardEntry, fmt.Header, dict[str, Any]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -17,8 +18,11 @@ from .errors import (
     MissingFileError,
     RecordTypeError,
     ShardExistsError,
+    StorageError,
     VarstoreError,
 )
+from .journal import Journal, Run, check_codec, manifest_identity, new_run, read_journal
+from .locking import is_locked, lock_directory, shard_lock_path
 from .manifest import (
     MANIFEST_NAME,
     Manifest,
@@ -39,6 +43,8 @@ from .storage import (
 )
 from .writer import Writer, flat_payloads
 
+_NUMBERED_SHARD = re.compile(r"shard-(\d{6,})")
+
 
 class ShardedWriter:
     """Writes a dataset directory: shards named ``shard-000000``, ``shard-000001``, ... and ``manifest.json``.
@@ -48,13 +54,24 @@ class ShardedWriter:
     dataset exists for readers only once `close` commits the manifest; an
     exception in a ``with`` block removes every shard this writer made.
 
-    With ``overwrite=True`` the new shards take numbers the existing manifest
-    does not list, so the old dataset stays whole until the new manifest
-    replaces it. With ``resume=True`` the writer continues one that was
-    interrupted before writing its manifest: it removes temporary files, adopts
-    the committed shards ``shard-000000``, ``shard-000001``, ... after verifying
-    them (a damaged last one is discarded) and starts with ``len(writer)`` equal
-    to the records they hold, so the caller continues its input from there.
+    One writer at a time: the writer holds the directory's lock from its start to
+    `close` or `abort` (`ConcurrentWriterError` for a second one). It keeps a
+    journal of the shards it begins and commits (`varstore.journal`), removed
+    when the manifest commits.
+
+    With ``overwrite=True`` the new shards take numbers after every shard the
+    live manifest lists, so the old dataset stays whole until the new manifest
+    replaces it, and a shard name is never reused for other records. A damaged
+    manifest can be overwritten too; its shards are then unknown and left in place.
+    With ``resume=True`` the writer continues the run that the journal describes
+    (a new dataset or an overwrite): it removes temporary files, adopts the
+    shards that run committed after verifying them (a damaged or half-published
+    last one is discarded) and starts with ``len(writer)`` equal to the records
+    they hold, so the caller continues its input from there.
+
+    If a shard cannot be committed or written (a full disk, say), the writer
+    fails: it accepts nothing more, never commits a manifest, keeps the shards
+    already committed, and its errors say how to resume.
     """
 
     def __init__(
@@ -74,53 +91,120 @@ class ShardedWriter:
         self.path = os.fspath(directory)
         if max_shard_bytes < 1 or (max_shard_records is not None and max_shard_records < 1):
             raise VarstoreError("max_shard_bytes and max_shard_records must be positive")
-        manifest_path = os.path.join(self.path, MANIFEST_NAME)
-        self._previous = read_manifest(self.path) if os.path.exists(manifest_path) else None
-        if self._previous is not None and resume:
-            raise ShardExistsError(
-                "a dataset is already committed here: resume=True continues only a writer that did not write its manifest",
-                path=self.path,
-            )
-        if self._previous is not None and not overwrite:
-            raise ShardExistsError("a dataset already exists here; pass overwrite=True to replace it", path=self.path)
-        self._live_names = {entry.name for entry in self._previous.shards} if self._previous is not None else set()
         self._codec = make_codec(codec, dtype=dtype, shape=shape)
         self._writer_options = {"codec": codec, "dtype": dtype, "shape": shape, "metadata": metadata, "checksums": checksums}
         self._metadata = dict(metadata or {})
         self._max_shard_bytes = max_shard_bytes
         self._max_shard_records = max_shard_records
-        self._overwrite = overwrite
         self._entries: list[ShardEntry] = []
         self._writer: Writer | None = None
+        self._journal: Journal | None = None
         self._record_count = 0
         self._next_number = 0
         self._adopted = 0
+        self._failure: str | None = None
         self._closed = False
         try:
             make_directories(self.path)
-            if resume:
-                remove_temporary_files(self.path)
         except OSError as error:
             raise storage_error(error, "preparing the dataset directory") from None
-        if resume:
-            self._adopt_committed_shards()
+        self._lock = lock_directory(self.path)
+        try:
+            self._previous = self._live_manifest(overwrite or resume)
+            self._live_names = {entry.name for entry in self._previous.shards} if self._previous is not None else set()
+            replaces = manifest_identity(self.path)
+            if resume:
+                self._resume(read_journal(self.path), replaces)
+            else:
+                self._start_run(read_journal(self.path), replaces, overwrite)
+        except VarstoreError:
+            self._lock.release()
+            raise
+        except OSError as error:
+            self._lock.release()
+            raise storage_error(error, "starting the dataset writer") from None
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _live_manifest(self, replacing: bool) -> Manifest | None:
+        """The committed manifest, if any; a damaged one counts as a dataset whose shards are unknown."""
+        if not os.path.lexists(os.path.join(self.path, MANIFEST_NAME)):
+            return None
+        try:
+            return read_manifest(self.path)
+        except (FormatError, StorageError) as error:
+            if not replacing:
+                raise ShardExistsError(
+                    f"a dataset already exists here (its manifest is damaged: {error}); pass overwrite=True to replace it",
+                    path=self.path,
+                ) from None
+            return None
+
+    def _start_run(self, interrupted: Run | None, replaces: int | None, overwrite: bool) -> None:
+        """Begin a new run (a new dataset or an overwrite); an interrupted run's shards are discarded."""
+        if replaces is not None and not overwrite:
+            raise ShardExistsError("a dataset already exists here; pass overwrite=True to replace it", path=self.path)
+        if interrupted is not None and not overwrite:
+            raise ShardExistsError(
+                "an interrupted writer left shards here: pass resume=True to continue it, or overwrite=True to start again",
+                path=self.path,
+            )
+        numbered = list(self._live_names)
+        if interrupted is not None:
+            numbered += interrupted.begun
+            for name in interrupted.begun:
+                if name not in self._live_names:
+                    self._remove_shard_files(name)
+        self._next_number = _number_after(numbered)
+        self._overwrite = replaces is not None
+        self._run = new_run(self._codec.name, self._codec.params(), replaces)
+        self._journal = Journal.start(self.path, self._run)
+
+    def _resume(self, interrupted: Run | None, replaces: int | None) -> None:
+        """Continue the run the journal describes, adopting the shards it committed."""
+        if interrupted is None:
+            if replaces is not None:
+                raise ShardExistsError(
+                    "a dataset is already committed here: resume=True continues only a writer that did not write its manifest",
+                    path=self.path,
+                )
+            if _shard_files(self.path):
+                raise VarstoreError(
+                    "cannot resume: there is no writer journal here, so these shards cannot be told apart from those "
+                    "of other runs; write the dataset again with overwrite=True",
+                    path=self.path,
+                )
+            self._start_run(None, None, overwrite=False)
+            return
+        check_codec(interrupted, self._codec.name, self._codec.params(), self.path)
+        if interrupted.replaces != replaces:
+            raise ShardExistsError(
+                "a dataset is already committed here: resume=True continues only a writer that did not write its manifest"
+                if replaces is not None else "cannot resume: the manifest the interrupted run was replacing is gone",
+                path=self.path,
+            )
+        remove_temporary_files(self.path, holding_directory_lock=True)
+        self._run = interrupted
+        self._overwrite = replaces is not None
+        self._adopt_committed_shards()
+        self._next_number = _number_after(list(self._live_names) + self.shard_names)
+        self._journal = Journal.continue_run(self.path)
 
     def _adopt_committed_shards(self) -> None:
-        names = []
-        while any(os.path.exists(path) for path in fmt.shard_paths(os.path.join(self.path, f"shard-{len(names):06d}"))):
-            names.append(f"shard-{len(names):06d}")
-        for position, name in enumerate(names):
+        """Adopt the run's shards in order; the last one begun may be damaged or half published (it is removed)."""
+        begun = self._run.begun
+        for position, name in enumerate(begun):
             try:
                 entry = self._verified_shard(name)
             except (FormatError, CorruptRecordError, MissingFileError):
-                if position < len(names) - 1:
+                if position < len(begun) - 1:
                     raise
-                # The interrupted writer's last shard: half published, or damaged.
-                remove_quietly(list(fmt.shard_paths(os.path.join(self.path, name))))
+                self._remove_shard_files(name)
                 break
             self._entries.append(entry)
             self._record_count += entry.records
-        self._adopted = self._next_number = len(self._entries)
+        self._adopted = len(self._entries)
 
     def _verified_shard(self, name: str) -> ShardEntry:
         with Reader(os.path.join(self.path, name)) as reader:
@@ -133,7 +217,16 @@ class ShardedWriter:
                 path=os.path.join(self.path, name),
             )
         entry, _, _ = describe_shard(self.path, name)
+        journaled = self._run.committed.get(name)
+        if journaled is not None and journaled != entry:
+            raise FormatError("the shard differs from the one the interrupted run committed", path=os.path.join(self.path, name))
         return entry
+
+    def _remove_shard_files(self, name: str) -> None:
+        """Remove a shard of an abandoned run, unless a live writer holds its name."""
+        prefix = os.path.join(self.path, name)
+        if not is_locked(shard_lock_path(prefix)):
+            remove_quietly(list(fmt.shard_paths(prefix)))
 
     def __len__(self) -> int:
         return self._record_count
@@ -143,13 +236,21 @@ class ShardedWriter:
         """Names of the shards committed so far."""
         return [entry.name for entry in self._entries]
 
+    def _check_writable(self, action: str) -> None:
+        if self._failure is not None:
+            raise VarstoreError(f"{action} refused: {self._failure}", path=self.path)
+        if self._closed:
+            raise ClosedError(f"{action} on a closed writer", path=self.path)
+
     def append(self, record: Any) -> int:
         """Add one record; returns its index in the whole dataset."""
-        if self._closed:
-            raise ClosedError("append to a closed writer", path=self.path)
+        self._check_writable("append")
         payload = self._codec.encode(record)
         writer = self._writer_for(len(payload))
-        writer._add_payload(payload, len(payload))
+        try:
+            writer._add_payload(payload, len(payload))
+        except StorageError as error:
+            raise self._fail(writer, error) from None
         self._record_count += 1
         return self._record_count - 1
 
@@ -159,8 +260,7 @@ class ShardedWriter:
 
     def extend_flat(self, values: Any, lengths: Any) -> None:
         """Append many records given as one flat buffer and their lengths, as `Writer.extend_flat` does, starting new shards as needed."""
-        if self._closed:
-            raise ClosedError("extend_flat on a closed writer", path=self.path)
+        self._check_writable("extend_flat")
         payload, ends = flat_payloads(self._codec, values, lengths)
         first, start = 0, 0
         while first < len(ends):
@@ -171,63 +271,119 @@ class ShardedWriter:
                 stop = min(stop, first + self._max_shard_records - len(writer))
             stop = max(stop, first + 1)
             end = int(ends[stop - 1])
-            writer._add_flat(payload[start:end], ends[first:stop] - start)
+            try:
+                writer._add_flat(payload[start:end], ends[first:stop] - start)
+            except StorageError as error:
+                raise self._fail(writer, error) from None
             self._record_count += stop - first
             first, start = stop, end
 
     def _writer_for(self, size: int) -> Writer:
         writer = self._writer
+        finished = None
         if writer is not None and len(writer) and (
             writer.data_size + size > self._max_shard_bytes
             or (self._max_shard_records is not None and len(writer) >= self._max_shard_records)
         ):
-            self._finish_shard()
+            finished = self._finish_shard()
             writer = None
         if writer is None:
-            writer = self._writer = Writer(
-                os.path.join(self.path, self._new_shard_name()), overwrite=self._overwrite, **self._writer_options
-            )
+            name = self._new_shard_name()
+            try:
+                assert self._journal is not None
+                self._journal.record(finished, name)
+                writer = self._writer = Writer(os.path.join(self.path, name), **self._writer_options)
+            except (OSError, StorageError) as error:
+                raise self._fail(name, error) from None
         return writer
 
     def _new_shard_name(self) -> str:
+        """The next number after every name the live manifest and this run used, skipping names taken on disk."""
         while True:
             name = f"shard-{self._next_number:06d}"
             self._next_number += 1
-            if name not in self._live_names:
+            if name not in self._live_names and not any(os.path.lexists(path) for path in fmt.shard_paths(os.path.join(self.path, name))):
                 return name
 
-    def _finish_shard(self) -> None:
+    def _finish_shard(self) -> ShardEntry:
         assert self._writer is not None
         writer, self._writer = self._writer, None
-        writer.close()
-        entry, _, _ = describe_shard(self.path, os.path.basename(writer.path))
+        try:
+            writer.close()
+            entry, _, _ = describe_shard(self.path, os.path.basename(writer.path))
+        except (OSError, VarstoreError) as error:
+            raise self._fail(writer, error) from None
         self._entries.append(entry)
+        return entry
+
+    def _fail(self, shard: Writer | str, error: BaseException) -> VarstoreError:
+        """Enter the failed state after `shard` could not be written or committed; returns the error to raise."""
+        if isinstance(shard, Writer):
+            shard.abort()
+            shard = os.path.basename(shard.path)
+        safe = sum(entry.records for entry in self._entries)
+        where = f"shards {self._entries[0].name} to {self._entries[-1].name}" if self._entries else "no shard"
+        self._failure = (
+            f"shard {shard} failed ({error}). The writer accepts no more records and writes no manifest; "
+            f"{safe} records are safely committed in {where}. To continue, open "
+            f"ShardedWriter({self.path!r}, resume=True, ...): its len() is the number of records stored, "
+            "so continue your input from there"
+        )
+        if self._journal is not None:
+            self._journal.close()
+        self._lock.release()  # a failed writer changes nothing more: a resume may start at once
+        return (type(error) if isinstance(error, VarstoreError) else StorageError)(self._failure, path=self.path)
 
     def close(self) -> None:
         """Commit the last shard, then the manifest: from this moment readers see the dataset."""
-        if self._closed:
+        if self._closed and self._failure is None:
             return
+        self._check_writable("close")
+        if self._writer is not None:
+            self._finish_shard()
+        manifest = Manifest(self._codec.name, self._codec.params(), self._metadata, self._entries)
         try:
-            if self._writer is not None:
-                self._finish_shard()
-            manifest = Manifest(self._codec.name, self._codec.params(), self._metadata, self._entries)
-            commit_manifest_file(self.path, manifest)
-        except BaseException:
-            self.abort()
-            raise
+            commit_manifest_file(self.path, manifest, overwrite=self._overwrite)
+        except (OSError, VarstoreError) as error:
+            raise self._fail("manifest.json", error) from None
         self._closed = True
-        sync_directory(self.path)
-        self._remove_replaced_shards()
+        try:
+            sync_directory(self.path)
+        finally:
+            self._end_run()
+            self._remove_replaced_shards()
+            self._lock.release()
 
     def abort(self) -> None:
-        """Discard the shard in progress and every shard this writer committed (not those it resumed from); the manifest is untouched."""
+        """Stop writing and let go of the directory.
+
+        Normally the shard in progress and every shard this writer committed are
+        removed (not those it resumed from), so the directory is as before. After
+        a failure the committed shards are kept, so ``resume=True`` adopts them.
+        The manifest is untouched either way.
+        """
         if self._closed:
             return
         self._closed = True
-        if self._writer is not None:
-            self._writer.abort()
-        for entry in self._entries[self._adopted :]:
-            remove_quietly(list(fmt.shard_paths(os.path.join(self.path, entry.name))))
+        try:
+            if self._writer is not None:
+                self._writer.abort()
+            if self._failure is None:
+                for entry in self._entries[self._adopted :]:
+                    remove_quietly(list(fmt.shard_paths(os.path.join(self.path, entry.name))))
+                self._end_run()
+                if self._adopted:  # the interrupted run continues to exist, as it was before this writer
+                    self._run.begun = self.shard_names[: self._adopted]
+                    Journal.start(self.path, self._run).close()
+            elif self._journal is not None:
+                self._journal.close()
+        finally:
+            self._lock.release()
+
+    def _end_run(self) -> None:
+        if self._journal is not None:
+            self._journal.remove()
+            self._journal = None
 
     def _remove_replaced_shards(self) -> None:
         if self._previous is None:
@@ -244,32 +400,60 @@ class ShardedWriter:
         else:
             self.abort()
 
+    def __del__(self) -> None:
+        """A writer dropped without close or abort lets go of its lock; its committed shards stay for a resume."""
+        if getattr(self, "_journal", None) is not None:
+            self._journal.close()
+        if getattr(self, "_lock", None) is not None:
+            self._lock.release()
+
+
+def _number_after(names: Iterable[str]) -> int:
+    """One more than the highest number of a ``shard-NNNNNN`` name among `names` (0 if none)."""
+    numbers = [int(match.group(1)) for name in names if (match := _NUMBERED_SHARD.fullmatch(name))]
+    return max(numbers, default=-1) + 1
+
+
+def _shard_files(directory: str) -> list[str]:
+    """Committed or half-published shard files in `directory` (not temporary files)."""
+    return [name for name in os.listdir(directory)
+            if name.endswith((fmt.DATA_SUFFIX, fmt.INDEX_SUFFIX)) and TEMP_MARK not in name]
+
 
 def write_manifest(
-    directory: str | os.PathLike[str], shard_names: Sequence[str] | None = None, *, metadata: dict[str, Any] | None = None
+    directory: str | os.PathLike[str],
+    shard_names: Sequence[str] | None = None,
+    *,
+    metadata: dict[str, Any] | None = None,
+    overwrite: bool = False,
 ) -> list[str]:
     """Make a dataset of shards already in `directory` (written by separate processes, say) without copying them.
 
     With no `shard_names`, every committed shard in the directory is listed, in
-    name order. All shards must share one codec. Returns the names listed.
+    name order. All shards must share one codec. Returns the names listed. An
+    existing manifest is replaced only with ``overwrite=True``; the directory's
+    writer lock is held throughout.
     """
     directory = os.fspath(directory)
-    if shard_names is None:
-        pattern = os.path.join(glob.escape(directory), "*" + fmt.INDEX_SUFFIX)
-        shard_names = sorted(
-            os.path.basename(path)[: -len(fmt.INDEX_SUFFIX)] for path in glob.glob(pattern) if TEMP_MARK not in path
-        )
-    entries, codec_id, codec_params = [], None, None
-    for name in shard_names:
-        if not is_valid_shard_name(name):
-            raise FormatError(f"shard name {name!r} is not a plain file name", path=directory)
-        entry, header, params = describe_shard(directory, name)
-        if codec_id is None:
-            codec_id, codec_params = header.codec_id, params
-        elif (header.codec_id, params) != (codec_id, codec_params):
-            raise FormatError(f"shard {name!r} has a different codec from the first shard", path=directory)
-        entries.append(entry)
-    codec = codec_from_stored(codec_id, codec_params, path=directory) if codec_id is not None else make_codec("bytes")
-    commit_manifest_file(directory, Manifest(codec.name, codec.params(), dict(metadata or {}), entries))
-    sync_directory(directory)
+    with lock_directory(directory):
+        if not overwrite and os.path.lexists(os.path.join(directory, MANIFEST_NAME)):
+            raise ShardExistsError("a dataset already exists here; pass overwrite=True to replace its manifest", path=directory)
+        if shard_names is None:
+            pattern = os.path.join(glob.escape(directory), "*" + fmt.INDEX_SUFFIX)
+            shard_names = sorted(
+                os.path.basename(path)[: -len(fmt.INDEX_SUFFIX)] for path in glob.glob(pattern) if TEMP_MARK not in path
+            )
+        entries, codec_id, codec_params = [], None, None
+        for name in shard_names:
+            if not is_valid_shard_name(name):
+                raise FormatError(f"shard name {name!r} is not a plain file name", path=directory)
+            entry, header, params = describe_shard(directory, name)
+            if codec_id is None:
+                codec_id, codec_params = header.codec_id, params
+            elif (header.codec_id, params) != (codec_id, codec_params):
+                raise FormatError(f"shard {name!r} has a different codec from the first shard", path=directory)
+            entries.append(entry)
+        codec = codec_from_stored(codec_id, codec_params, path=directory) if codec_id is not None else make_codec("bytes")
+        commit_manifest_file(directory, Manifest(codec.name, codec.params(), dict(metadata or {}), entries), overwrite=overwrite)
+        sync_directory(directory)
     return [entry.name for entry in entries]

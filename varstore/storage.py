@@ -6,13 +6,18 @@ faults (ENOSPC, EIO) at each call, and every OSError becomes a `StorageError`.
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import secrets
 
 from .errors import ShardExistsError, StorageError
+from .locking import directory_lock_path, is_locked, shard_lock_path
 
 TEMP_MARK = ".varstore-tmp-"
+_SHARD_FILE_SUFFIXES = (".index.checksums", ".index", ".data")
+# link() refusals that mean "this filesystem has no hard links here", not "the name is taken".
+_NO_HARD_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EMLINK, errno.ENOSYS}
 
 
 def temporary_path(final_path: str) -> str:
@@ -20,16 +25,34 @@ def temporary_path(final_path: str) -> str:
     return f"{final_path}{TEMP_MARK}{secrets.token_hex(6)}"
 
 
-def remove_temporary_files(directory: str) -> list[str]:
-    """Delete the temporary files that interrupted writers left in `directory`; returns their paths."""
+def remove_temporary_files(directory: str, *, holding_directory_lock: bool = False) -> list[str]:
+    """Delete the temporary files that interrupted writers left in `directory`; returns their paths.
+
+    A temporary file whose writer is alive (its shard's or its directory's lock is
+    held) is left alone: writers take their lock before creating any temporary file.
+    A writer that holds the directory lock itself says so with `holding_directory_lock`.
+    """
     removed = []
+    own_lock = directory_lock_path(directory) if holding_directory_lock else None
     for path in sorted(glob.glob(os.path.join(glob.escape(directory), f"*{TEMP_MARK}*"))):
+        lock = _owner_lock_path(path)
+        if lock != own_lock and is_locked(lock):
+            continue
         try:
             os.unlink(path)
         except FileNotFoundError:
             continue
         removed.append(path)
     return removed
+
+
+def _owner_lock_path(temporary: str) -> str:
+    """The lock a live writer of the temporary file `temporary` holds: its shard's, else its directory's."""
+    final = temporary[: temporary.index(TEMP_MARK, len(os.path.dirname(temporary)))]
+    for suffix in _SHARD_FILE_SUFFIXES:
+        if final.endswith(suffix):
+            return shard_lock_path(final[: -len(suffix)])
+    return directory_lock_path(os.path.dirname(final))
 
 
 def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
@@ -76,22 +99,54 @@ def make_directories(directory: str) -> None:
 
 
 def publish(renames: list[tuple[str, str]], *, overwrite: bool) -> None:
-    """Rename each (temporary, final) pair in order, then fsync the directories.
+    """Give each (temporary, final) pair its final name, in order, then fsync the directories.
 
-    The caller orders the pairs so that the last rename is the commit point:
-    until it happens, no reader can see a complete new shard. If a rename before
-    it fails, the files already renamed are removed, so no half-published pair is
-    left under the final names; a failure of the directory fsync after the commit
-    point leaves the complete files in place. When overwriting, the file at the
-    commit point is removed first, so the old one never pairs with new files.
+    The caller has fsynced every file and orders the pairs so that the last is
+    the commit point: until it is named, no reader can see a complete new shard.
+    If naming a pair before it fails, the names this call gave are removed, so no
+    half-published pair is left under the final names; a failure of the directory
+    fsync after the commit point leaves the complete files in place.
+
+    Without `overwrite` nothing existing is ever replaced: each file is hard-linked
+    to its final name, which fails atomically if the name exists (`ShardExistsError`),
+    and the temporary name is removed afterwards. On a filesystem without hard links
+    the names are checked, then renamed: atomic only because writers hold their lock.
+    With `overwrite` the file at the commit point is removed first, so the old one
+    never pairs with new files, then each file is renamed over its final name.
     """
-    if not overwrite:
-        for _, final in renames:
-            if os.path.exists(final):
-                raise ShardExistsError("already exists; pass overwrite=True to replace it", path=final)
-    else:
+    if overwrite:
         remove_quietly([renames[-1][1]])
-    renamed = []
+        _rename_each(renames)
+    else:
+        publish_new(renames)
+    for directory in sorted({os.path.dirname(final) for _, final in renames}):
+        sync_directory(directory)
+
+
+def publish_new(renames: list[tuple[str, str]]) -> None:
+    """Name each temporary file, in order, without replacing any existing file (see `publish`); no directory fsync."""
+    linked: list[str] = []
+    try:
+        for temporary, final in renames:
+            os.link(temporary, final)
+            linked.append(final)
+    except FileExistsError:
+        remove_quietly(linked)
+        raise ShardExistsError("already exists; pass overwrite=True to replace it", path=final) from None
+    except OSError as error:
+        remove_quietly(linked)
+        if error.errno not in _NO_HARD_LINKS:
+            raise
+        for _, final in renames:
+            if os.path.lexists(final):
+                raise ShardExistsError("already exists; pass overwrite=True to replace it", path=final) from None
+        _rename_each(renames)
+        return
+    remove_quietly([temporary for temporary, _ in renames])
+
+
+def _rename_each(renames: list[tuple[str, str]]) -> None:
+    renamed: list[str] = []
     try:
         for temporary, final in renames:
             os.replace(temporary, final)
@@ -99,8 +154,6 @@ def publish(renames: list[tuple[str, str]], *, overwrite: bool) -> None:
     except OSError:
         remove_quietly(renamed)
         raise
-    for directory in sorted({os.path.dirname(final) for _, final in renames}):
-        sync_directory(directory)
 
 
 def remove_quietly(paths: list[str]) -> None:

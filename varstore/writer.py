@@ -13,6 +13,7 @@ from . import format as fmt
 from .checksum import crc32c
 from .codecs import Codec, make_codec
 from .errors import ClosedError, RecordTypeError, ShardExistsError, VarstoreError
+from .locking import WriterLock, lock_shard
 from .storage import make_directories, publish, remove_quietly, storage_error, temporary_path, write_all
 
 _DATA_BUFFER_BYTES = 1 << 20
@@ -28,7 +29,11 @@ def _le_bytes(values: array) -> bytes:
 
 
 def flat_payloads(codec: Codec, values: Any, lengths: Any) -> tuple[bytes | bytearray | memoryview, np.ndarray]:
-    """The payload bytes of records given flat (see `Writer.extend_flat`) and the byte offset where each ends."""
+    """The payload bytes of records given flat (see `Writer.extend_flat`) and the byte offset where each ends.
+
+    Lengths are checked without overflow: each against what the payload holds
+    before any multiplication, and the running sum for wrap-around.
+    """
     if codec.name not in ("bytes", "ndarray"):
         raise RecordTypeError(f"extend_flat takes bytes or ndarray records; {codec.name} records must be encoded one by one")
     lengths = np.asarray(lengths)
@@ -40,10 +45,21 @@ def flat_payloads(codec: Codec, values: Any, lengths: Any) -> tuple[bytes | byte
     else:
         payload = memoryview(values).cast("B")
         row_size = 1
-    byte_lengths = lengths.astype(np.int64) * row_size
-    if int(byte_lengths.sum()) != len(payload):
-        raise RecordTypeError(f"lengths cover {int(byte_lengths.sum())} bytes but values hold {len(payload)}")
-    return payload, np.cumsum(byte_lengths)
+    if not lengths.size:
+        ends = np.zeros(0, np.int64)
+    else:
+        longest = int(lengths.max())
+        if longest > len(payload) // row_size:
+            raise RecordTypeError(f"a length of {longest} exceeds the {len(payload) // row_size} rows (or bytes) that values hold")
+        # Every byte length is now at most len(payload) < 2**63: the products cannot overflow, and a
+        # uint64 running sum that wrapped would decrease somewhere.
+        ends = np.cumsum(lengths.astype(np.uint64) * np.uint64(row_size), dtype=np.uint64)
+        if np.any(ends[1:] < ends[:-1]):
+            raise RecordTypeError(f"lengths cover more than 2**64 bytes but values hold {len(payload)}")
+    covered = int(ends[-1]) if ends.size else 0
+    if covered != len(payload):
+        raise RecordTypeError(f"lengths cover {covered} bytes but values hold {len(payload)}")
+    return payload, ends.astype(np.int64)
 
 
 class Writer:
@@ -70,10 +86,6 @@ class Writer:
             raise VarstoreError("a shard path needs a file name, e.g. 'out/docs'; use ShardedWriter for a directory", path=self.path)
         self.data_path, self.index_path = fmt.shard_paths(self.path)
         self._overwrite = overwrite
-        if not overwrite:
-            for final in (self.index_path, self.data_path):
-                if os.path.exists(final):
-                    raise ShardExistsError("already exists; pass overwrite=True to replace it", path=final)
         self._codec: Codec = make_codec(codec, dtype=dtype, shape=shape)
         self.codec = self._codec.name
         self._metadata = fmt.encode_metadata(self._codec.params(), dict(metadata or {}))
@@ -89,8 +101,18 @@ class Writer:
         self._offsets = array("Q", [0])
         self._checksums = array("I")
         self._closed = False
+        self._lock: WriterLock | None = None
         try:
             make_directories(os.path.dirname(os.path.abspath(self.path)))
+        except OSError as error:
+            raise storage_error(error, "creating the shard's directory") from None
+        self._lock = lock_shard(self.path)  # before any temporary file exists, so cleanup can tell ours apart
+        if not overwrite:
+            for final in (self.index_path, self.data_path):
+                if os.path.exists(final):
+                    self._discard()
+                    raise ShardExistsError("already exists; pass overwrite=True to replace it", path=final)
+        try:
             for name in ("data", "index") + (("checksums",) if checksums else ()):
                 self._fds[name] = os.open(self._temporary[name], os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
             preamble = self._metadata + bytes(fmt.align8(fmt.HEADER_SIZE + len(self._metadata)) - fmt.HEADER_SIZE - len(self._metadata))
@@ -250,6 +272,7 @@ class Writer:
         )
         remove_quietly([self._temporary["checksums"]])
         self.header = header
+        self._release_lock()
 
     def _close_fds(self) -> None:
         while self._fds:
@@ -263,6 +286,11 @@ class Writer:
         self._closed = True
         self._close_fds()
         remove_quietly(list(self._temporary.values()))
+        self._release_lock()
+
+    def _release_lock(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
 
     def __enter__(self) -> "Writer":
         return self
@@ -276,4 +304,6 @@ class Writer:
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
             self._discard()
+        elif getattr(self, "_lock", None) is not None:
+            self._release_lock()
 
