@@ -7,11 +7,55 @@ from typing import Callable, Union
 
 from crc32c import crc32c
 
-__all__ = ["Buffer", "crc32c", "crc32c_of_range"]
+__all__ = ["Buffer", "crc32c", "crc32c_combine", "crc32c_of_range"]
 
 Buffer = Union[bytes, bytearray, memoryview, mmap.mmap]
 
 _CHUNK_BYTES = 8 << 20
+_REFLECTED_POLYNOMIAL = 0x82F63B78  # CRC32C's polynomial, bit-reversed: bit 31 is x**0
+
+
+def _multiply_mod_p(a: int, b: int) -> int:
+    """a(x) * b(x) modulo the CRC32C polynomial, both in the CRC's reflected bit order."""
+    product = 0
+    bit = 1 << 31
+    while a:
+        if a & bit:
+            product ^= b
+            a ^= bit
+        bit >>= 1
+        b = (b >> 1) ^ _REFLECTED_POLYNOMIAL if b & 1 else b >> 1
+    return product
+
+
+def _powers_of_x() -> list[int]:
+    """x**(2**k) modulo the polynomial for k = 0..63, by repeated squaring."""
+    powers = [1 << 30]  # x**1
+    for _ in range(63):
+        powers.append(_multiply_mod_p(powers[-1], powers[-1]))
+    return powers
+
+
+_X_POWER_OF_TWO = _powers_of_x()
+
+
+def crc32c_combine(crc1: int, crc2: int, len2: int) -> int:
+    """CRC32C of ``A + B`` from ``crc1 = crc32c(A)``, ``crc2 = crc32c(B)`` and ``len2 = len(B)``, without reading either.
+
+    crc1 is shifted over len2 zero bytes, i.e. multiplied by x**(8 * len2) modulo
+    the polynomial (square-and-multiply over len2's bits); the pre- and
+    post-inversions cancel, so the result is that product XOR crc2.
+    """
+    if len2 < 0 or len2 >= 1 << 61:
+        raise ValueError(f"length {len2} is outside [0, 2**61)")
+    shift = 1 << 31  # x**0
+    exponent, power = 8 * len2, 0
+    while exponent:
+        if exponent & 1:
+            shift = _multiply_mod_p(_X_POWER_OF_TWO[power], shift)
+        exponent >>= 1
+        power += 1
+    return _multiply_mod_p(shift, crc1) ^ crc2
 
 
 def crc32c_of_range(

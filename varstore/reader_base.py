@@ -1,24 +1,32 @@
-"""What `Reader` and `ShardedReader` share: a description of their codec, and pickling by path.
+"""What `Reader` and `ShardedReader` share: a description of their codec, their version, and pickling by path.
 
-A reader pickles as its path only; unpickling in the receiving process (a
-DataLoader worker, say) maps the files afresh there. (No lazy `__getattr__`
-hook: defining one slows every attribute access, and so every read, by a third.)
+A reader pickles as its absolute path (fixed when it was constructed, so a later
+``os.chdir`` changes nothing) plus the version it opened; unpickling in the
+receiving process (a DataLoader worker, say) maps the files afresh there and
+refuses, with `DatasetReplacedError`, files that are no longer that version.
+(No lazy `__getattr__` hook: defining one slows every attribute access, and so
+every read, by a third.)
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
 
+from .checksum import crc32c
 from .codecs import Codec
+from .errors import DatasetReplacedError
+from .format import Header
 
 
 class ReaderBase:
     """Base of the readers. Subclasses implement `_open` (which sets `_codec`) and `close`."""
 
-    path: str
     verify_reads: bool
+    header: Header
+    kind = "shard"  # what the reader opened, as errors name it
     _codec: Codec
 
     def _open(self) -> None:
@@ -26,6 +34,21 @@ class ReaderBase:
 
     def close(self) -> None:
         raise NotImplementedError
+
+    @property
+    def path(self) -> str:
+        """The path as it was given (errors name it so); reopening uses the absolute path fixed when it was set."""
+        return self._path
+
+    @path.setter
+    def path(self, value: str) -> None:
+        self._path = value
+        self._absolute_path = os.path.abspath(value)
+
+    @property
+    def version(self) -> int:
+        """The identity of what was opened: CRC32C of the shard's 64-byte index header (a dataset's: of its manifest)."""
+        return crc32c(self.header.pack())
 
     @property
     def codec(self) -> str:
@@ -49,9 +72,28 @@ class ReaderBase:
         self.close()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "verify_reads": self.verify_reads}
+        return {"path": self._absolute_path, "verify_reads": self.verify_reads, "version": self.version}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.path = state["path"]
         self.verify_reads = state["verify_reads"]
         self._open()
+        require_version(self, state["version"])
+
+
+def require_version(reader: ReaderBase, expected: int) -> None:
+    """Close `reader` and raise `DatasetReplacedError` unless it opened version `expected` of its path."""
+    if reader.version != expected:
+        found = reader.version
+        reader.close()
+        raise replaced_error(reader.kind, reader.path, expected, found)
+
+
+def replaced_error(kind: str, path: str, expected: int, found: int | None) -> DatasetReplacedError:
+    """The error for the `kind` ("dataset" or "shard") at `path` changed after a reader opened version `expected`."""
+    now = f"{found:#010x}" if found is not None else "unreadable"
+    return DatasetReplacedError(
+        f"the {kind} was replaced after this reader opened it (opened version {expected:#010x}, now {now}); "
+        "open it again",
+        path=path,
+    )

@@ -1,4 +1,12 @@
-"""`ShardedReader`: one global index over the shards a manifest lists, each mapped on first use."""
+"""`ShardedReader`: one global index over the shards a manifest lists, each mapped on first use.
+
+A reader pins the dataset version it opened (the CRC32C of the manifest's
+canonical bytes, which the writer wrote exactly). A shard is mapped lazily and
+checked against its whole manifest entry (sizes, record count, codec, data and
+index checksums); when that fails and the manifest on disk has changed meanwhile,
+the dataset was replaced under the reader, which raises `DatasetReplacedError`
+rather than read another version.
+"""
 
 from __future__ import annotations
 
@@ -13,28 +21,44 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from . import format as fmt
-from .checksum import crc32c_of_range
+from .checksum import crc32c, crc32c_combine, crc32c_of_range
 from .codecs import Codec, codec_from_stored
-from .errors import ClosedError, FormatError, MissingFileError, RecordIndexError, RecordTypeError
+from .errors import (
+    ClosedError,
+    DatasetReplacedError,
+    FormatError,
+    MissingFileError,
+    RecordIndexError,
+    RecordTypeError,
+    StorageError,
+    VarstoreError,
+)
 from .manifest import Manifest, ShardEntry, read_manifest
-from .reader_base import ReaderBase
+from .reader_base import ReaderBase, replaced_error
 from .reader import FlatBatch, Reader, check_indices
 
 _FILES_PER_SHARD = 2
 _SPARE_FILE_DESCRIPTORS = 64
+_MIN_OPEN_SHARDS = 8
+_OPEN_ATTEMPTS = 3  # a fresh open that races an overwrite reads the new manifest and tries again, this often
+_SHARD_ERRORS = (FormatError, MissingFileError, StorageError)  # what opening a missing, damaged or replaced shard raises
 
 
-def _max_open_shards() -> int:
-    """How many shards may stay mapped at once: each holds two file descriptors."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or hard > soft:
-        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 16)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-        except (ValueError, OSError):
-            pass
-    return max(8, (soft - _SPARE_FILE_DESCRIPTORS) // (2 * _FILES_PER_SHARD))
+def max_open_shards() -> int:
+    """How many shards may stay mapped at once: sized from the current soft RLIMIT_NOFILE, which is never changed.
+
+    A shard needs its two file descriptors while it is being mapped; the limit
+    keeps room for twice that per cached shard plus a spare 64, and at least 8 shards.
+    """
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    return max(_MIN_OPEN_SHARDS, (soft - _SPARE_FILE_DESCRIPTORS) // (2 * _FILES_PER_SHARD))
+
+
+def manifest_version(manifest: Manifest) -> int:
+    """A dataset's version: CRC32C of its manifest's canonical bytes (those the writer committed)."""
+    return crc32c(manifest.encode())
 
 
 def _check_shard_file(path: str, expected_size: int) -> None:
@@ -42,14 +66,32 @@ def _check_shard_file(path: str, expected_size: int) -> None:
         info = os.lstat(path)
     except FileNotFoundError:
         raise MissingFileError("shard file listed in the manifest is missing", path=path) from None
+    except OSError as error:
+        raise StorageError(f"cannot stat the shard file: {error.strerror or error}", path=path) from None
     if not stat.S_ISREG(info.st_mode):
         raise FormatError("shard files must be regular files inside the dataset directory, not links", path=path)
     if info.st_size != expected_size:
         raise FormatError(f"shard file is {info.st_size} bytes, the manifest says {expected_size}", path=path)
 
 
+def _check_shard_files(directory: str, entry: ShardEntry) -> None:
+    data_path, index_path = fmt.shard_paths(os.path.join(directory, entry.name))
+    _check_shard_file(index_path, entry.index_size)
+    _check_shard_file(data_path, entry.data_size)
+
+
+def index_crc32c(header: fmt.Header) -> int:
+    """CRC32C of a whole index file, from its header alone: the header's own CRC combined with the body CRC it records."""
+    return crc32c_combine(crc32c(header.pack()), header.body_crc32c, header.index_size - fmt.HEADER_SIZE)
+
+
 def open_listed_shard(directory: str, entry: ShardEntry, codec: Codec, *, verify_reads: bool = False) -> Reader:
-    """Open the shard a manifest `entry` names, checking its files and header against the entry and the dataset's codec."""
+    """Open the shard a manifest `entry` names, checking its files and header against the whole entry and the codec.
+
+    The index checksum is checked without reading the index: the header records
+    the CRC of the bytes after it, which combined with the header's own CRC gives
+    the file's (the body itself is checked by `verify`).
+    """
     prefix = os.path.join(directory, entry.name)
     for path, size in zip(fmt.shard_paths(prefix), (entry.data_size, entry.index_size)):
         _check_shard_file(path, size)
@@ -58,12 +100,13 @@ def open_listed_shard(directory: str, entry: ShardEntry, codec: Codec, *, verify
     if (
         header.record_count != entry.records
         or header.data_crc32c != entry.data_crc32c
+        or index_crc32c(header) != entry.index_crc32c
         or header.codec_id != codec.id
         or reader._codec.params() != codec.params()
     ):
         reader.close()
         raise FormatError(
-            "shard does not match the manifest (record count, data checksum or codec differ): "
+            "shard does not match the manifest (record count, data or index checksum, or codec differ): "
             "it was replaced or belongs to another dataset",
             path=reader.index_path,
         )
@@ -85,33 +128,85 @@ class ShardedReader(ReaderBase):
     """A dataset directory read as one sequence of records, with the same API as `Reader`.
 
     Opening reads the manifest and checks that every shard file exists with the
-    size it lists; a shard is mapped, and its header checked against the
-    manifest, the first time one of its records is read.
+    size it lists; a shard is mapped, and checked against its manifest entry, the
+    first time one of its records is read. Shards already mapped keep serving the
+    version this reader opened after the dataset is replaced; a shard first needed
+    after that raises `DatasetReplacedError`, never records of the new version.
     """
+
+    kind = "dataset"
 
     def __init__(self, directory: str | os.PathLike[str], *, verify_reads: bool = False) -> None:
         self.path = os.fspath(directory)
         self.verify_reads = verify_reads
+        self._quarantine: dict[int, str] | None = None
         self._open()
 
+    @classmethod
+    def _open_quarantining(cls, directory: str | os.PathLike[str], *, verify_reads: bool = False) -> ShardedReader:
+        """Open like the constructor, but set aside shards that cannot be opened or fail their manifest checks
+        (listed in `_quarantine`, position -> reason) instead of failing; for ``on_damaged="skip"``."""
+        reader = cls.__new__(cls)
+        reader.path = os.fspath(directory)
+        reader.verify_reads = verify_reads
+        reader._quarantine = {}
+        reader._open()
+        return reader
+
     def _open(self) -> None:
-        manifest = read_manifest(self.path)
-        for entry in manifest.shards:
-            data_path, index_path = fmt.shard_paths(os.path.join(self.path, entry.name))
-            _check_shard_file(index_path, entry.index_size)
-            _check_shard_file(data_path, entry.data_size)
+        manifest, damaged = self._read_consistent_manifest()
+        if damaged and self._quarantine is None:
+            raise next(iter(damaged.values()))
         self._codec = codec_from_stored(manifest.codec, manifest.codec_params, path=self.path)
         self.manifest: Manifest = manifest
+        self._version = manifest_version(manifest)
         self.metadata = manifest.metadata
+        if self._quarantine is not None:
+            self._quarantine = {position: str(error) for position, error in damaged.items()}
         counts = np.array([entry.records for entry in manifest.shards], np.int64)
         self._starts = np.zeros(len(counts) + 1, np.int64)
         np.cumsum(counts, out=self._starts[1:])
         self._start_list: list[int] = self._starts.tolist()
         self._count = int(self._starts[-1])
         self._readers: OrderedDict[int, Reader] = OrderedDict()
-        self._max_open = _max_open_shards()
+        self._max_open = max_open_shards()
         self._lock = threading.Lock()
         self._closed = False
+
+    def _read_consistent_manifest(self) -> tuple[Manifest, dict[int, VarstoreError]]:
+        """The manifest and the shards whose files fail their checks, read again while an overwrite changes it."""
+        for _ in range(_OPEN_ATTEMPTS):
+            manifest = read_manifest(self._absolute_path)
+            damaged: dict[int, VarstoreError] = {}
+            for position, entry in enumerate(manifest.shards):
+                try:
+                    _check_shard_files(self._absolute_path, entry)
+                except _SHARD_ERRORS as error:
+                    damaged[position] = error
+            if not damaged or self._version_on_disk() == manifest_version(manifest):
+                return manifest, damaged
+        raise DatasetReplacedError(
+            f"the dataset changed {_OPEN_ATTEMPTS} times while it was being opened; open it again", path=self.path
+        )
+
+    def _version_on_disk(self) -> int | None:
+        """The version of the manifest now on disk, or None if it cannot be read."""
+        try:
+            return manifest_version(read_manifest(self._absolute_path))
+        except VarstoreError:
+            return None
+
+    @property
+    def version(self) -> int:
+        """The version this reader opened: CRC32C of the manifest's canonical bytes."""
+        return self._version
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "quarantining": self._quarantine is not None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._quarantine = {} if state["quarantining"] else None
+        super().__setstate__(state)
 
     @property
     def shard_paths(self) -> list[str]:
@@ -139,13 +234,38 @@ class ShardedReader(ReaderBase):
                 raise ClosedError("the reader is closed", path=self.path)
             reader = self._readers.get(position)
             if reader is None:
-                entry = self.manifest.shards[position]
-                reader = open_listed_shard(self.path, entry, self._codec, verify_reads=self.verify_reads)
+                reader = self._open_shard(position)
                 self._readers[position] = reader
                 while len(self._readers) > self._max_open:
                     # Dropped, not closed: another thread may still be reading it; freeing it unmaps it.
                     self._readers.popitem(last=False)
         return reader
+
+    def _open_shard(self, position: int) -> Reader:
+        """Map shard `position`; failing, tell a dataset replaced since the open from a damaged one (quarantined if asked)."""
+        if self._quarantine is not None and position in self._quarantine:
+            raise FormatError(f"shard is set aside as damaged: {self._quarantine[position]}", path=self.shard_paths[position])
+        try:
+            return open_listed_shard(self._absolute_path, self.manifest.shards[position], self._codec, verify_reads=self.verify_reads)
+        except _SHARD_ERRORS as error:
+            found = self._version_on_disk()
+            if found != self._version:
+                raise replaced_error(self.kind, self.path, self._version, found) from error
+            if self._quarantine is not None:
+                self._quarantine[position] = str(error)
+            raise
+
+    def _shard_usable(self, position: int) -> bool:
+        """For a quarantining reader: map shard `position` if it is not set aside already, and say whether it is usable."""
+        if self._quarantine is None or position in self._readers:
+            return True
+        try:
+            self.shard(position)
+        except DatasetReplacedError:
+            raise
+        except _SHARD_ERRORS:
+            return False
+        return True
 
     def _locate(self, index: int) -> tuple[int, int]:
         count = self._count
@@ -235,7 +355,8 @@ class ShardedReader(ReaderBase):
         position = bisect.bisect_right(self._start_list, start) - 1
         while start < stop:
             shard_start, shard_stop = self._start_list[position], self._start_list[position + 1]
-            self.shard(position).prefetch(start - shard_start, min(stop, shard_stop) - shard_start)
+            if self._shard_usable(position):
+                self.shard(position).prefetch(start - shard_start, min(stop, shard_stop) - shard_start)
             start, position = shard_stop, position + 1
 
     def __iter__(self) -> Iterator[Any]:

@@ -11,11 +11,11 @@ import torch
 from torch.utils.data import Dataset
 
 from ..errors import CorruptRecordError, VarstoreError
-from ..format import DATA_SUFFIX, INDEX_SUFFIX
-from ..reader import FlatBatch, Reader
+from ..reader import FlatBatch, Reader, check_indices
 from ..sharded_reader import ShardedReader
 from .collate import JaggedBatch, writable_tensor
 from .reading import ProcessLocalReader
+from .skipped import SkippedRecords
 
 Output = Literal["torch", "numpy"]
 OUTPUTS = ("torch", "numpy")
@@ -41,12 +41,15 @@ def _to_tensors(value: Any) -> Any:
     return value
 
 
-def _shard_of(error: CorruptRecordError) -> str:
-    path = error.path or "?"
-    for suffix in (DATA_SUFFIX, INDEX_SUFFIX):
-        if path.endswith(suffix):
-            return path[: -len(suffix)]
-    return path
+def _shard_paths(reader: Reader | ShardedReader) -> list[str]:
+    return reader.shard_paths if isinstance(reader, ShardedReader) else [reader.path]
+
+
+def _shard_positions(reader: Reader | ShardedReader, indices: np.ndarray) -> np.ndarray:
+    """The shard number of each of the resolved record `indices`."""
+    if isinstance(reader, Reader):
+        return np.zeros(len(indices), np.int64)
+    return np.searchsorted(reader.shard_starts, indices, side="right") - 1
 
 
 class RecordDataset(Dataset):
@@ -62,9 +65,12 @@ class RecordDataset(Dataset):
     for numpy output) read by `get_batch_flat`, for `collate_jagged` or `collate_padded`.
 
     ``on_damaged="skip"`` re-reads a batch that hits a damaged record one record at a
-    time and leaves the damaged ones out (the batch comes back shorter), counting
-    them per shard in `skipped_records` and logging once per shard, in each process
-    (every DataLoader worker keeps its own count);
+    time and leaves the damaged ones out (the batch comes back shorter). A shard of a
+    dataset that cannot be opened or fails its manifest checks (a damaged header, a
+    truncated or missing file) is quarantined: all its records are left out. Skipped
+    records are counted per shard in `skipped_records`, summed over the main process
+    and every DataLoader worker (fork or spawn), and each shard is logged once on the
+    ``varstore.torch`` logger; a batch with no readable record left still raises.
     `dataset[i]` of a damaged record raises whatever the policy. Catching a flipped
     payload byte needs ``verify_reads=True``; bad offsets and undecodable payloads are
     caught either way. Nothing mapped is pickled: workers map the files themselves.
@@ -84,16 +90,21 @@ class RecordDataset(Dataset):
         check_choice("on_damaged", on_damaged, _POLICIES)
         if flat_batches and transform is not None:
             raise VarstoreError("flat_batches reads a batch as one buffer, so a per-sample transform cannot apply")
-        self._source = ProcessLocalReader(path, verify_reads=verify_reads)
+        self._source = ProcessLocalReader(path, verify_reads=verify_reads, quarantine=on_damaged == "skip")
         self.path = self._source.path
         self.transform = transform
         self.output = output
         self.flat_batches = flat_batches
         self.on_damaged = on_damaged
-        self.skipped_records: dict[str, int] = {}
         reader = self._source.get()
+        self._skipped = SkippedRecords(_shard_paths(reader)) if on_damaged == "skip" else None
         self._length = len(reader)
         self._bytes_codec = reader.codec == "bytes"
+
+    @property
+    def skipped_records(self) -> dict[str, int]:
+        """Records ``on_damaged="skip"`` left out so far, per shard path, in this process and all its DataLoader workers."""
+        return self._skipped.as_dict() if self._skipped is not None else {}
 
     @property
     def reader(self) -> Reader | ShardedReader:
@@ -119,6 +130,8 @@ class RecordDataset(Dataset):
         """The samples at `indices` (or, with `flat_batches`, one batch of them), read with one vectorised call."""
         reader = self.reader
         fetch = reader.get_batch_flat if self.flat_batches else reader.get_batch
+        if self.on_damaged == "skip":
+            indices = self._outside_quarantine(reader, indices)
         try:
             records = fetch(indices)
         except CorruptRecordError:
@@ -131,13 +144,38 @@ class RecordDataset(Dataset):
             return records
         return JaggedBatch(writable_tensor(records.values), torch.from_numpy(records.offsets))
 
+    def _outside_quarantine(self, reader: Reader | ShardedReader, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+        """`indices` without the records of quarantined shards, which are counted as skipped."""
+        resolved = check_indices(indices, len(reader), reader.path)
+        if not isinstance(reader, ShardedReader) or reader._quarantine is None:
+            return resolved
+        shards = _shard_positions(reader, resolved)
+        unusable = [position for position in np.unique(shards).tolist() if not reader._shard_usable(position)]
+        if not unusable:
+            return resolved
+        set_aside = np.isin(shards, unusable)
+        for position in unusable:
+            count = int(np.count_nonzero(shards == position))
+            if self._skipped.add(position, count):  # type: ignore[union-attr]
+                logger.warning(
+                    "skipping shard %s, which cannot be read (%s): its records are left out of every batch and "
+                    "counted in skipped_records", reader.shard_paths[position], reader._quarantine[position],
+                )
+        if set_aside.all():
+            raise CorruptRecordError(
+                f"all {len(resolved)} records of the batch are in damaged shards; skipping cannot make a batch of them",
+                path=reader.path,
+                records=resolved.tolist(),
+            )
+        return resolved[~set_aside]
+
     def _readable(self, reader: Reader | ShardedReader, indices: Sequence[int] | np.ndarray) -> list[int]:
         readable = []
         for index in np.asarray(indices).tolist():
             try:
                 reader[index]
             except CorruptRecordError as error:
-                self._count_damaged(index, error)
+                self._count_damaged(reader, index, error)
             else:
                 readable.append(index)
         if not readable:
@@ -148,12 +186,10 @@ class RecordDataset(Dataset):
             )
         return readable
 
-    def _count_damaged(self, index: int, error: CorruptRecordError) -> None:
-        shard = _shard_of(error)
-        count = self.skipped_records.get(shard, 0) + 1
-        self.skipped_records[shard] = count
-        if count == 1:
+    def _count_damaged(self, reader: Reader | ShardedReader, index: int, error: CorruptRecordError) -> None:
+        position = int(_shard_positions(reader, np.array([index]))[0])
+        if self._skipped.add(position, 1):  # type: ignore[union-attr]
             logger.warning(
                 "skipping damaged record %d (%s); further damaged records of shard %s are skipped and counted "
-                "without a message (process %d)", index, error, shard, os.getpid(),
+                "without a message", index, error, _shard_paths(reader)[position],
             )

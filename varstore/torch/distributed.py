@@ -7,6 +7,7 @@ import os
 import torch.distributed
 
 from ..errors import VarstoreError
+from .resume import as_int
 
 
 def rank_and_world_size(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -27,6 +28,7 @@ def rank_and_world_size(rank: int | None, world_size: int | None) -> tuple[int, 
         return 0, 1
     if rank is None or world_size is None:
         raise VarstoreError(f"pass both rank and world_size or neither (got rank={rank}, world_size={world_size})")
+    rank, world_size = as_int(rank, "rank"), as_int(world_size, "world_size")
     if world_size < 1 or not 0 <= rank < world_size:
         raise VarstoreError(f"rank {rank} is not in [0, world_size={world_size})")
     return rank, world_size

@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 from ..errors import VarstoreError
+
+
+def as_int(value: Any, what: str) -> int:
+    """`value` as a plain int if it is integer-like (numpy integer, 0-d integer tensor, ...), else an error naming `what`.
+
+    States hold plain ints, so `json.dumps` and `load_state_dict` take them whatever the caller counted with.
+    """
+    if isinstance(value, bool):
+        raise VarstoreError(f"{what} must be an integer, not {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise VarstoreError(f"{what} must be an integer, not {type(value).__name__} {value!r}") from None
 
 
 def check_resume_state(state: Any, settings: dict[str, Any], total: int) -> tuple[int, int]:
@@ -17,9 +31,7 @@ def check_resume_state(state: Any, settings: dict[str, Any], total: int) -> tupl
     ]
     if differing:
         raise VarstoreError(f"cannot resume: the saved state was made with other settings ({'; '.join(differing)})")
-    epoch, consumed = state.get("epoch"), state.get("samples_consumed")
-    if type(epoch) is not int or type(consumed) is not int or not 0 <= consumed <= total:
-        raise VarstoreError(
-            f"saved epoch {epoch!r} and samples_consumed {consumed!r} must be integers with 0 <= count <= {total}"
-        )
+    epoch, consumed = as_int(state.get("epoch"), "saved epoch"), as_int(state.get("samples_consumed"), "saved samples_consumed")
+    if not 0 <= consumed <= total:
+        raise VarstoreError(f"saved samples_consumed is {consumed}; it must be in [0, {total}]")
     return epoch, consumed

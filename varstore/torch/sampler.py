@@ -10,7 +10,7 @@ from torch.utils.data import Sampler
 from ..errors import VarstoreError
 from .distributed import rank_and_world_size
 from .permutation import Permutation, derive_key
-from .resume import check_resume_state
+from .resume import as_int, check_resume_state
 
 _CHUNK = 8192
 _SAMPLER_PURPOSE = 1
@@ -42,13 +42,14 @@ class ExactlyOnceSampler(Sampler[int]):
     ) -> None:
         self.size = data_source if isinstance(data_source, int) else len(data_source)
         self.shuffle = shuffle
-        self.seed = seed
+        self.seed = as_int(seed, "seed")
         self.rank, self.world_size = rank_and_world_size(rank, world_size)
         self.epoch = 0
         self._start = 0  # positions of the epoch order consumed before a resume, across all ranks
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch's order; a resume position loaded for another epoch is dropped."""
+        epoch = as_int(epoch, "epoch")
         if epoch != self.epoch:
             self.epoch = epoch
             self._start = 0
@@ -78,6 +79,7 @@ class ExactlyOnceSampler(Sampler[int]):
         past the end, from a short last batch, means the epoch is done). Ranks step
         together, so every rank computes the same state from the same count.
         """
+        samples_consumed = as_int(samples_consumed, "samples_consumed")
         if samples_consumed < 0:
             raise VarstoreError(f"samples_consumed is {samples_consumed}, it cannot be negative")
         consumed = min(self.size, self._start + samples_consumed * self.world_size)

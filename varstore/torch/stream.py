@@ -33,7 +33,7 @@ from ..errors import VarstoreError
 from .datasets import DamagedPolicy, Output, RecordDataset
 from .distributed import rank_and_world_size
 from .permutation import Permutation, derive_key
-from .resume import check_resume_state
+from .resume import as_int, check_resume_state
 
 _BLOCKS_PURPOSE = 2
 _WINDOW_PURPOSE = 3
@@ -138,6 +138,8 @@ class RecordStream(IterableDataset):
         rank: int | None = None,
         world_size: int | None = None,
     ) -> None:
+        batch_size, block_size = as_int(batch_size, "batch_size"), as_int(block_size, "block_size")
+        shuffle_window, seed = as_int(shuffle_window, "shuffle_window"), as_int(seed, "seed")
         for name, value in (("batch_size", batch_size), ("block_size", block_size), ("shuffle_window", shuffle_window)):
             if value < 1:
                 raise VarstoreError(f"{name} must be at least 1, not {value}")
@@ -174,6 +176,7 @@ class RecordStream(IterableDataset):
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch's order; a resume position loaded for another epoch is dropped."""
+        epoch = as_int(epoch, "epoch")
         if epoch != self.epoch:
             self.epoch = epoch
             self._start = 0
@@ -214,6 +217,7 @@ class RecordStream(IterableDataset):
         batch_size, including records the skip policy left out. Ranks step together,
         so every rank computes the same state from the same count.
         """
+        samples_consumed = as_int(samples_consumed, "samples_consumed")
         remaining = self.rank_record_count - self._start
         whole_batches = samples_consumed % self.batch_size == 0 or samples_consumed == remaining
         if not 0 <= samples_consumed <= len(self) * self.batch_size or not whole_batches:
