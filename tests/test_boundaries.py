@@ -1,0 +1,176 @@
+"""Boundaries a mutation probe found untested: the first index past the end, a shard listed twice, every
+integer narrowing, a sampler crossing its internal chunk size, a numpy token window crossing a shard."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import varstore
+from varstore.torch import ExactlyOnceSampler, TokenWindowDataset
+
+from .helpers_reliability import make_records
+
+INTEGER_DTYPES = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64")
+SAMPLER_CHUNK = 8192  # ExactlyOnceSampler computes its permutation this many positions at a time
+
+
+def scratch_directory() -> Path:
+    """A fresh directory in memory where possible (hypothesis examples cannot take function fixtures)."""
+    return Path(tempfile.mkdtemp(prefix="varstore-boundaries-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, list[bytes]]]:
+    """A single shard and a dataset of three shards, with their records."""
+    root = tmp_path_factory.mktemp("boundaries")
+    records = make_records(90, 25)
+    with varstore.Writer(root / "single") as writer:
+        writer.extend(records)
+    with varstore.ShardedWriter(root / "dataset", max_shard_records=10) as writer:
+        writer.extend(records)
+    return {"single": (root / "single", records), "dataset": (root / "dataset", records)}
+
+
+# -- the first index past each end ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["single", "dataset"])
+@pytest.mark.parametrize("read", ["item", "batch", "flat"])
+def test_first_index_past_either_end_is_a_record_index_error(stores, kind, read):
+    path, records = stores[kind]
+    with varstore.open(path) as store:
+        operation = {"item": lambda index: store[index], "batch": lambda index: store.get_batch([0, index]),
+                     "flat": lambda index: store.get_batch_flat([0, index])}[read]
+        for index in (len(records), -len(records) - 1):
+            with pytest.raises(varstore.RecordIndexError):
+                operation(index)
+        last, first = operation(len(records) - 1), operation(-len(records))
+    if read == "item":
+        assert (last, first) == (records[-1], records[0])
+    elif read == "batch":
+        assert (last, first) == ([records[0], records[-1]], [records[0], records[0]])
+    else:
+        assert (last.values.tobytes(), first.values.tobytes()) == (records[0] + records[-1], records[0] * 2)
+
+
+# -- a manifest listing one shard several times -----------------------------------------------------
+
+
+def test_manifest_listing_one_shard_three_times_is_refused_at_open(stores, tmp_path):
+    source, _ = stores["dataset"]
+    directory = tmp_path / "duplicated"
+    shutil.copytree(source, directory)
+    document = json.loads((directory / "manifest.json").read_text())
+    document["shards"] = [document["shards"][0]] * 3
+    (directory / "manifest.json").write_text(json.dumps(document))
+    with pytest.raises(varstore.FormatError, match="listed twice"):
+        varstore.open(directory)
+
+
+# -- integer narrowing ------------------------------------------------------------------------------
+
+
+@st.composite
+def integer_records(draw: st.DrawFn) -> tuple[str, str, list[int]]:
+    """(source dtype, shard dtype, values of the source dtype), values often at or just past the shard's range."""
+    source, target = draw(st.sampled_from(INTEGER_DTYPES)), draw(st.sampled_from(INTEGER_DTYPES))
+    low, high = int(np.iinfo(source).min), int(np.iinfo(source).max)
+    target_info = np.iinfo(target)
+    edges = [int(target_info.min) - 1, int(target_info.min), -1, 0, 1, int(target_info.max), int(target_info.max) + 1,
+             2**40 + 7, -(2**40) - 7, low, high]
+    value = st.sampled_from([edge for edge in edges if low <= edge <= high]) | st.integers(low, high)
+    return source, target, draw(st.lists(value, min_size=1, max_size=4))
+
+
+@given(integer_records())
+def test_every_integer_narrowing_stores_the_exact_values_or_is_refused(case):
+    source, target, values = case
+    record = np.array(values, dtype=source)
+    info = np.iinfo(target)
+    fits = all(info.min <= value <= info.max for value in values)
+    directory = scratch_directory()
+    try:
+        writer = varstore.Writer(directory / "ints", codec="ndarray", dtype=target)
+        with writer:
+            if fits:
+                writer.append(record)
+            else:
+                with pytest.raises(varstore.RecordTypeError):
+                    writer.append(record)
+        with varstore.open(directory / "ints") as store:
+            assert len(store) == (1 if fits else 0)
+            if fits:
+                stored = store[0]
+                assert stored.dtype == np.dtype(target) and [int(value) for value in stored] == values
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_int64_beyond_int32_is_refused_not_wrapped(tmp_path):
+    """The issue's example: 2**40 + 7 would be stored as 7."""
+    with varstore.Writer(tmp_path / "ints", codec="ndarray", dtype="int32") as writer:
+        with pytest.raises(varstore.RecordTypeError):
+            writer.append(np.array([2**40 + 7], np.int64))
+        writer.append(np.array([2**31 - 1, -(2**31)], np.int64))
+    with varstore.open(tmp_path / "ints") as store:
+        assert store[0].tolist() == [2**31 - 1, -(2**31)]
+
+
+# -- the sampler across its chunk size --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+@pytest.mark.parametrize("per_rank", [SAMPLER_CHUNK, SAMPLER_CHUNK + 1, 2 * SAMPLER_CHUNK + 2])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_sampler_beyond_its_chunk_size_yields_len_records_each_once_across_ranks(world_size, per_rank, shuffle):
+    size = per_rank * world_size - 1  # the last rank gets one fewer
+    samplers = [ExactlyOnceSampler(size, shuffle=shuffle, seed=4, rank=rank, world_size=world_size)
+                for rank in range(world_size)]
+    parts = [list(sampler) for sampler in samplers]
+    assert [len(part) for part in parts] == [len(sampler) for sampler in samplers]
+    assert sum(map(len, parts)) == size
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(size))
+
+
+def test_resumed_sampler_beyond_its_chunk_size_yields_the_rest_exactly_once():
+    size, consumed = 3 * SAMPLER_CHUNK + 5, SAMPLER_CHUNK - 3
+    first = ExactlyOnceSampler(size, seed=8, rank=0, world_size=1)
+    order = list(first)
+    resumed = ExactlyOnceSampler(size, seed=8, rank=0, world_size=1)
+    resumed.load_state_dict(first.state_dict(consumed))
+    rest = list(resumed)
+    assert len(rest) == len(resumed) == size - consumed
+    assert rest == order[consumed:]
+
+
+# -- numpy token windows across shards --------------------------------------------------------------
+
+
+@given(st.lists(st.integers(0, 9), min_size=1, max_size=8), st.integers(1, 7), st.sampled_from(["uint16", "int32"]))
+def test_numpy_windows_are_seq_len_plus_one_stream_tokens_even_across_shards(lengths, seq_len, dtype):
+    """Token values are their stream positions; one document per shard, so windows cross shard ends."""
+    stream = np.arange(sum(lengths))
+    documents = np.split(stream, np.cumsum(lengths)[:-1])
+    directory = scratch_directory()
+    try:
+        with varstore.ShardedWriter(directory / "tokens", codec="ndarray", dtype=dtype, max_shard_records=1) as writer:
+            writer.extend([document.astype(dtype) for document in documents])
+        dataset = TokenWindowDataset(directory / "tokens", seq_len, output="numpy")
+        count = len(dataset)
+        assert count == max(0, (len(stream) - 1) // seq_len)
+        windows = dataset.__getitems__(list(range(count))) + [dataset[index] for index in range(count)]
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    for position, window in enumerate(windows):
+        start = (position % count) * seq_len if count else 0
+        assert window.dtype == np.dtype(dtype) and window.shape == (seq_len + 1,)
+        assert window.tolist() == stream[start : start + seq_len + 1].tolist()
