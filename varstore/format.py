@@ -21,9 +21,13 @@ reserved zero bytes, CRC32C of header bytes [0, 60) (u32).
 from __future__ import annotations
 
 import json
+import math
+import re
 import struct
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from .checksum import Buffer, crc32c
 from .errors import FormatError
@@ -37,12 +41,12 @@ CHECKSUM_SIZE = 4
 FLAG_RECORD_CHECKSUMS = 1
 KNOWN_FLAGS = FLAG_RECORD_CHECKSUMS
 MAX_METADATA_SIZE = 16 << 20
+MAX_METADATA_DEPTH = 64  # arrays and objects, the outer object included
 MAX_DATA_SIZE = (1 << 63) - 1
 EDGE_SIZE = 4096
 
 DATA_SUFFIX = ".data"
 INDEX_SUFFIX = ".index"
-
 
 
 def shard_paths(prefix: str) -> tuple[str, str]:
@@ -148,41 +152,138 @@ def unpack_header(raw: bytes, *, index_size: int, path: str) -> Header:
     return header
 
 
-def edge_crc32c(data: Buffer, size: int) -> int:
-    """CRC32C of the data file's first EDGE_SIZE bytes followed by its last EDGE_SIZE bytes.
+def edge_crc32c(head: Buffer, tail: Buffer) -> int:
+    """CRC32C of the data file's first min(EDGE_SIZE, size) bytes followed by its last min(EDGE_SIZE, size) bytes.
 
     Cheap enough to check at open, it catches a data file paired with the wrong index.
     """
-    view = memoryview(data)
-    head = view[: min(EDGE_SIZE, size)]
-    tail = view[max(0, size - EDGE_SIZE) : size]
     return crc32c(tail, crc32c(head))
 
 
+def edge_ranges(size: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The (offset, length) of the two byte ranges of a `size`-byte data file that `edge_crc32c` covers."""
+    length = min(EDGE_SIZE, size)
+    return (0, length), (size - length, length)
+
+
 def encode_metadata(codec_params: dict[str, Any], user: dict[str, Any]) -> bytes:
-    """The metadata block: canonical JSON, so equal inputs give equal bytes."""
+    """The metadata block: canonical JSON, so equal inputs give equal bytes; refuses what a reader would refuse."""
     try:
         text = json.dumps(
             {"codec": codec_params, "user": user}, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
             allow_nan=False,
         )
+    except RecursionError:
+        raise FormatError(f"metadata nests deeper than the limit of {MAX_METADATA_DEPTH} arrays and objects") from None
     except (TypeError, ValueError) as error:
         raise FormatError(f"metadata must be JSON-serialisable: {error}") from None
-    raw = text.encode("utf-8")
+    try:
+        raw = text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise FormatError(
+            f"metadata holds text that is not valid Unicode (a lone surrogate {text[error.start]!r}), which UTF-8 cannot encode"
+        ) from None
     if len(raw) > MAX_METADATA_SIZE:
         raise FormatError(f"metadata is {len(raw)} bytes, over the limit of {MAX_METADATA_SIZE}")
+    depth = json_depth(raw)
+    if depth > MAX_METADATA_DEPTH:
+        raise FormatError(f"metadata nests {depth} arrays and objects deep, over the limit of {MAX_METADATA_DEPTH}")
     return raw
 
 
 def decode_metadata(raw: bytes, *, path: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Parse a metadata block into (codec parameters, user metadata)."""
-    try:
-        value = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as error:
-        raise FormatError(f"metadata is not valid UTF-8 JSON: {error}", path=path) from None
+    """Parse a metadata block into (codec parameters, user metadata), refusing anything RFC 8259 or §1.4 forbids."""
+    value = parse_strict_json(raw, MAX_METADATA_DEPTH, what="metadata", path=path)
     if not isinstance(value, dict):
         raise FormatError(f"metadata must be a JSON object, found {type(value).__name__}", path=path)
     codec_params, user = value.get("codec"), value.get("user")
     if not isinstance(codec_params, dict) or not isinstance(user, dict):
         raise FormatError('metadata must hold the objects "codec" and "user"', path=path)
     return codec_params, user
+
+
+def parse_strict_json(raw: bytes, max_depth: int, *, what: str, path: str) -> Any:
+    """`raw` parsed as strict UTF-8 JSON: no BOM, NaN or Infinity, duplicate member name, lone surrogate escape,
+    or nesting deeper than `max_depth` (checked before parsing, so deep input never recurses)."""
+    try:
+        if raw.startswith(b"\xef\xbb\xbf"):
+            raise ValueError("it starts with a byte order mark")
+        text = raw.decode("utf-8")
+        depth = json_depth(raw)
+        if depth > max_depth:
+            raise ValueError(f"arrays and objects nest {depth} deep, over the limit of {max_depth}")
+        value = json.loads(
+            text, parse_constant=_refuse_constant, parse_float=_finite_float, object_pairs_hook=_object_without_duplicates
+        )
+        if _MAYBE_SURROGATE_ESCAPE.search(text) and _holds_surrogate(value):
+            raise ValueError("a string holds a lone surrogate escape (\\ud800-\\udfff), which is not Unicode text")
+    except (UnicodeDecodeError, ValueError) as error:
+        raise FormatError(f"{what} is not valid UTF-8 JSON: {error}", path=path) from None
+    return value
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        seen: set[str] = set()
+        for name, _ in pairs:
+            if name in seen:
+                raise ValueError(f"member name {name!r} appears twice in one object")
+            seen.add(name)
+    return value
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"number {text[:40]} overflows to infinity")
+    return value
+
+
+# A \u escape of a surrogate; paired ones are legal, so a hit only triggers the exact check of `_holds_surrogate`.
+_MAYBE_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _holds_surrogate(value: Any) -> bool:
+    """Whether any string (member name or value) in a parsed JSON value holds a surrogate code point."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return True
+        elif isinstance(item, dict):
+            pending.extend(item)
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return False
+
+
+# Every string literal with its escapes (an unterminated one runs to the end): removing them leaves only
+# the JSON structure, to count brackets in.
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*\\?(?:"|\Z)', re.DOTALL)
+_BRACKET_STEPS = np.zeros(256, np.int8)
+_BRACKET_STEPS[[ord("["), ord("{")]] = 1
+_BRACKET_STEPS[[ord("]"), ord("}")]] = -1
+_DEPTH_CHUNK = 1 << 20
+
+
+def json_depth(raw: bytes) -> int:
+    """How deep arrays and objects nest in the JSON text `raw`, counted without parsing or recursing.
+
+    Vectorised over bounded chunks. On malformed text the count may be off after the first
+    error, but a parser stops there, so it never nests deeper than this count.
+    """
+    structure = np.frombuffer(_JSON_STRING.sub(b"", raw), np.uint8)
+    depth = deepest = 0
+    for start in range(0, len(structure), _DEPTH_CHUNK):
+        running = np.cumsum(_BRACKET_STEPS[structure[start : start + _DEPTH_CHUNK]], dtype=np.int32) + depth
+        deepest = max(deepest, int(running.max()))
+        depth = int(running[-1])
+    return deepest

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import codecs
+import functools
 import mmap
 import os
 import stat
@@ -28,6 +30,7 @@ _OFFSET = struct.Struct("<Q")
 _PAIR = struct.Struct("<QQ")
 _ITERATION_CHUNK = 4096
 _MAX_LISTED_RECORDS = 20
+_UTF8_PIECE = 8 << 20
 
 
 class FlatBatch(NamedTuple):
@@ -63,6 +66,28 @@ def _open_read(path: str) -> int:
     return fd
 
 
+def _pread_exactly(fd: int, size: int, offset: int, path: str) -> bytes:
+    """`size` bytes at `offset`, read without a map; a short read means the file shrank after its size was checked."""
+    data = os.pread(fd, size, offset)
+    if len(data) != size:
+        raise FormatError(f"file ended at {offset + len(data)} bytes while being opened: it changed meanwhile", path=path)
+    return data
+
+
+def _is_utf8(data: Any, start: int, end: int) -> bool:
+    """Whether `data[start:end]` is valid UTF-8, decoded in bounded pieces so a large range is never copied whole."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    view = memoryview(data)
+    try:
+        for piece in range(start, end, _UTF8_PIECE):
+            decoder.decode(view[piece : min(piece + _UTF8_PIECE, end)], final=piece + _UTF8_PIECE >= end)
+    except UnicodeDecodeError:
+        return False
+    finally:
+        view.release()
+    return True
+
+
 def _describe(indices: list[int]) -> str:
     shown = ", ".join(map(str, indices[:_MAX_LISTED_RECORDS]))
     return shown + (f" and {len(indices) - _MAX_LISTED_RECORDS} more" if len(indices) > _MAX_LISTED_RECORDS else "")
@@ -86,9 +111,11 @@ def check_indices(indices: Any, count: int, path: str) -> np.ndarray:
 class Reader(ReaderBase):
     """A shard opened for reading; indexing, slicing and iteration return decoded records.
 
-    Opening reads the 64-byte header, the metadata block and the first and last
-    4 KiB of the data file, whatever the record count. Reads are a bounds check
-    and a slice of the map. With ``verify_reads=True`` every read also checks the
+    Opening reads the 64-byte header, the metadata block, the first and last
+    offsets and the first and last 4 KiB of the data file with ``pread``, never
+    through the maps, whatever the record count; it keeps the codec parameters
+    and parses the user metadata again only when `metadata` is read. Reads are
+    a bounds check and a slice of the map. With ``verify_reads=True`` every read also checks the
     record's CRC32C.
     """
 
@@ -113,13 +140,19 @@ class Reader(ReaderBase):
         self._closed = False
 
     def _map_files(self, index_fd: int, data_fd: int) -> None:
+        """Check the shard as §1.3 says, reading with `pread` only, then map both files.
+
+        No check reads through a map: a page of a sparse file on a full tmpfs cannot
+        be faulted in, and the kernel answers with SIGBUS, which kills the process.
+        """
         index_path = self.index_path
         index_size = os.fstat(index_fd).st_size
         header = fmt.unpack_header(os.pread(index_fd, fmt.HEADER_SIZE, 0), index_size=index_size, path=index_path)
-        preamble = os.pread(index_fd, header.offsets_start - fmt.HEADER_SIZE, fmt.HEADER_SIZE)
+        preamble = _pread_exactly(index_fd, header.offsets_start - fmt.HEADER_SIZE, fmt.HEADER_SIZE, index_path)
         if any(preamble[header.metadata_size :]):
             raise FormatError("padding after the metadata is not zero", path=index_path)
-        codec_params, self.metadata = fmt.decode_metadata(preamble[: header.metadata_size], path=index_path)
+        codec_params, _ = fmt.decode_metadata(preamble[: header.metadata_size], path=index_path)
+        del preamble  # the user metadata is parsed again, from the map, only if `metadata` is read
         self._codec: Codec = codec_from_stored(header.codec_id, codec_params, path=index_path)
         data_size = os.fstat(data_fd).st_size
         if data_size != header.data_size:
@@ -128,17 +161,18 @@ class Reader(ReaderBase):
                 "truncated, extended, or paired with the wrong index",
                 path=self.data_path,
             )
-        self._index_map = _map_file(index_fd, index_size)
-        self._data_map = _map_file(data_fd, data_size)
-        (first,) = _OFFSET.unpack_from(self._index_map, header.offsets_start)
-        (last,) = _OFFSET.unpack_from(self._index_map, header.checksums_start - fmt.OFFSET_SIZE)
+        (first,) = _OFFSET.unpack(_pread_exactly(index_fd, fmt.OFFSET_SIZE, header.offsets_start, index_path))
+        (last,) = _OFFSET.unpack(_pread_exactly(index_fd, fmt.OFFSET_SIZE, header.checksums_start - fmt.OFFSET_SIZE, index_path))
         if first != 0 or last != data_size:
             raise FormatError(f"offsets run from {first} to {last}, expected 0 to {data_size}", path=index_path)
-        if fmt.edge_crc32c(self._data_map, data_size) != header.data_edge_crc32c:
+        head, tail = (_pread_exactly(data_fd, length, offset, self.data_path) for offset, length in fmt.edge_ranges(data_size))
+        if fmt.edge_crc32c(head, tail) != header.data_edge_crc32c:
             raise FormatError(
                 "data file does not match its index (first/last 4 KiB checksum differs): wrong or damaged data file",
                 path=self.data_path,
             )
+        self._index_map = _map_file(index_fd, index_size)
+        self._data_map = _map_file(data_fd, data_size)
         self.header = header
         self._count = header.record_count
         self._data_size = data_size
@@ -161,6 +195,13 @@ class Reader(ReaderBase):
 
     # -- description -------------------------------------------------------------------------
 
+    @functools.cached_property
+    def metadata(self) -> dict[str, Any]:
+        """The user metadata the writer stored, parsed from the mapped index on first use and kept."""
+        self._check_open()
+        raw = self._index_map[fmt.HEADER_SIZE : fmt.HEADER_SIZE + self.header.metadata_size]
+        return fmt.decode_metadata(raw, path=self.index_path)[1]
+
     @property
     def offsets(self) -> np.ndarray:
         """The N + 1 record offsets, a read-only uint64 view of the index map."""
@@ -168,8 +209,9 @@ class Reader(ReaderBase):
         return self._offsets
 
     def record_sizes(self) -> np.ndarray:
-        """Every record's payload size in bytes (computes over all N offsets)."""
-        return np.diff(self.offsets).astype(np.int64)
+        """Every record's payload size in bytes (computes over all N offsets, checking them as reads do)."""
+        self._check_open()
+        return np.diff(self._checked_offsets(0, self._count)).astype(np.int64)
 
     def as_array(self) -> np.ndarray:
         """The whole data file of an ``ndarray`` shard as one read-only array of rows (zero copy)."""
@@ -220,11 +262,14 @@ class Reader(ReaderBase):
         self._check_open()
         return RecordIndexError(f"record {index} is out of range for {self._count} records", path=self.path)
 
-    def _offsets_error(self, index: int, start: int, end: int) -> CorruptRecordError:
+    def _offsets_error(self, index: int, start: int, end: int, records: list[int] | None = None) -> CorruptRecordError:
+        """Record `index` has the offsets [start, end); `records` lists every damaged one found, if more."""
+        records = records or [index]
+        others = f"; {len(records)} records have such offsets: {_describe(records)}" if len(records) > 1 else ""
         return CorruptRecordError(
-            f"record {index} has offsets [{start}, {end}), outside the {self._data_size}-byte data file or reversed",
+            f"record {index} has offsets [{start}, {end}), outside the {self._data_size}-byte data file or reversed{others}",
             path=self.index_path,
-            records=[index],
+            records=records,
         )
 
     def _decode_error(self, index: int, error: Exception) -> CorruptRecordError:
@@ -319,15 +364,21 @@ class Reader(ReaderBase):
         row_size = self._codec.row_size  # type: ignore[attr-defined]
         return FlatBatch(values.view(self.dtype).reshape((-1, *(self.shape or ()))), offsets // row_size)
 
+    def _checked_offsets(self, start: int, stop: int) -> np.ndarray:
+        """Offsets of records [start, stop), or a CorruptRecordError listing every record among them whose offsets
+        go backwards or past the end of the data file (one vectorised comparison when nothing is wrong)."""
+        offsets = self._offsets[start : stop + 1]
+        if stop > start and ((offsets[1:] < offsets[:-1]).any() or offsets[-1] > self._data_size):
+            bad = np.flatnonzero((offsets[1:] < offsets[:-1]) | (offsets[1:] > self._data_size))
+            first = int(bad[0])
+            raise self._offsets_error(start + first, int(offsets[first]), int(offsets[first + 1]), (bad + start).tolist())
+        return offsets
+
     def _contiguous_offsets(self, start: int, stop: int) -> np.ndarray:
         """Offsets of records [start, stop), checked in one pass (and their checksums with verify_reads), prefetched."""
         self._check_open()
-        offsets = self._offsets[start : stop + 1]
+        offsets = self._checked_offsets(start, stop)
         if stop > start:
-            steps = offsets[1:] < offsets[:-1]
-            if steps.any() or offsets[-1] > self._data_size:
-                position = int(steps.argmax()) if steps.any() else stop - start - 1
-                raise self._offsets_error(start + position, int(offsets[position]), int(offsets[position + 1]))
             self._prefetch(int(offsets[0]), int(offsets[-1]))
         if self.verify_reads:
             bounds = offsets.tolist()
@@ -382,9 +433,14 @@ class Reader(ReaderBase):
     # -- checking ----------------------------------------------------------------------------
 
     def verify(self, progress: Callable[[int], None] | None = None) -> None:
-        """Check every byte: the index body checksum, the offsets, then each record's checksum
-        (or the whole data file's checksum when the shard has none). Raises on the first
-        damaged structure, or with all damaged records listed. `progress` receives byte counts.
+        """Check every byte and, for every record, every rule a read checks.
+
+        In order: the index body checksum; that offsets never decrease; then, a chunk
+        of records at a time, each record's checksum (or, when the shard has none, the
+        whole data file's) and that each record decodes: ``ndarray`` offsets on row
+        boundaries, ``str`` records valid UTF-8, ``msgpack`` records accepted by the
+        codec's decode. Raises on a damaged structure at once; damaged records are all
+        listed in one CorruptRecordError. `progress` receives byte counts of the data file.
         """
         self._check_open()
         header = self.header
@@ -393,35 +449,95 @@ class Reader(ReaderBase):
             raise FormatError(
                 f"index body checksum is {body_crc:#010x}, expected {header.body_crc32c:#010x}", path=self.index_path
             )
-        reversed_steps = np.flatnonzero(self._offsets[1:] < self._offsets[:-1])
-        if reversed_steps.size:
-            bad = reversed_steps.tolist()
-            raise CorruptRecordError(f"offsets go backwards at records {_describe(bad)}", path=self.index_path, records=bad)
-        if self._checksums is None:
-            data_crc = crc32c_of_range(self._data_map, 0, self._data_size, progress)
-            if data_crc != header.data_crc32c:
-                raise CorruptRecordError(
-                    f"data checksum is {data_crc:#010x}, expected {header.data_crc32c:#010x}", path=self.data_path
-                )
-            return
-        bad = self._bad_checksums(progress)
-        if bad:
-            raise CorruptRecordError(
-                f"{len(bad)} records fail their checksum: {_describe(bad)}", path=self.data_path, records=bad
-            )
-
-    def _bad_checksums(self, progress: Callable[[int], None] | None) -> list[int]:
+        self._checked_offsets(0, self._count)
+        failed_checksum: list[int] = []
+        failed_decode: list[int] = []
+        find_undecodable = self._undecodable_finder()
         view = memoryview(self._data_map)
-        bad: list[int] = []
+        data_crc = 0
         for chunk_start in range(0, self._count, _ITERATION_CHUNK):
-            chunk_stop = min(chunk_start + _ITERATION_CHUNK, self._count)
-            bounds = self._offsets[chunk_start : chunk_stop + 1].tolist()
-            expected = self._checksums[chunk_start:chunk_stop].tolist()  # type: ignore[index]
-            for position, (start, end) in enumerate(zip(bounds, bounds[1:])):
-                if crc32c(view[start:end]) != expected[position]:
-                    bad.append(chunk_start + position)
+            offsets = self._offsets[chunk_start : min(chunk_start + _ITERATION_CHUNK, self._count) + 1]
+            if self._checksums is None:
+                data_crc = crc32c(view[int(offsets[0]) : int(offsets[-1])], data_crc)
+            else:
+                failed_checksum += self._bad_checksums(view, chunk_start, offsets)
+            if find_undecodable is not None:
+                failed_decode += find_undecodable(chunk_start, offsets)
             if progress is not None:
-                progress(bounds[-1] - bounds[0])
+                progress(int(offsets[-1] - offsets[0]))
+        view.release()
+        problems = [
+            f"{len(records)} records {reason}: {_describe(records)}"
+            for records, reason in ((failed_checksum, "fail their checksum"), (failed_decode, self._decode_rule()))
+            if records
+        ]
+        if self._checksums is None and data_crc != header.data_crc32c:
+            problems.append(f"data checksum is {data_crc:#010x}, expected {header.data_crc32c:#010x}")
+        if problems:
+            damaged = sorted(set(failed_checksum) | set(failed_decode))
+            raise CorruptRecordError("; ".join(problems), path=self.data_path, records=damaged)
+
+    def _bad_checksums(self, view: memoryview, chunk_start: int, offsets: np.ndarray) -> list[int]:
+        """Records of the chunk starting at `chunk_start` (bounded by `offsets`) whose CRC32C is not the stored one."""
+        bounds = offsets.tolist()
+        expected = self._checksums[chunk_start : chunk_start + len(bounds) - 1].tolist()  # type: ignore[index]
+        return [
+            chunk_start + position
+            for position, (start, end) in enumerate(zip(bounds, bounds[1:]))
+            if crc32c(view[start:end]) != expected[position]
+        ]
+
+    def _decode_rule(self) -> str:
+        """What the records `_undecodable_finder` lists break, for an error message."""
+        if self.dtype is not None:
+            return f"are not on {self._codec.row_size}-byte row boundaries"  # type: ignore[attr-defined]
+        return "are not valid UTF-8" if self.codec == "str" else f"do not decode as {self.codec}"
+
+    def _undecodable_finder(self) -> Callable[[int, np.ndarray], list[int]] | None:
+        """A function listing the records of one chunk that a read would refuse to decode, or None for ``bytes``."""
+        if self.dtype is not None:
+            return self._off_row_records if self._codec.row_size > 1 else None  # type: ignore[attr-defined]
+        if self.codec == "str":
+            return self._non_utf8_records
+        if self.codec == "msgpack":
+            return self._undecodable_records
+        return None
+
+    def _off_row_records(self, chunk_start: int, offsets: np.ndarray) -> list[int]:
+        """Records of an ``ndarray`` chunk with an offset off a row boundary (both records sharing it), vectorised."""
+        off_row = np.flatnonzero(offsets % self._codec.row_size)  # type: ignore[attr-defined]
+        if not off_row.size:
+            return []
+        records = np.union1d(off_row - 1, off_row) + chunk_start
+        return records[(records >= chunk_start) & (records < chunk_start + len(offsets) - 1)].tolist()
+
+    def _non_utf8_records(self, chunk_start: int, offsets: np.ndarray) -> list[int]:
+        """Records of a ``str`` chunk that are not valid UTF-8.
+
+        Vectorised: when the chunk's bytes decode as a whole and no record starts on a
+        UTF-8 continuation byte, every record is whole characters, so each decodes.
+        Only a chunk failing that test is decoded record by record.
+        """
+        start, end = int(offsets[0]), int(offsets[-1])
+        if start == end:
+            return []
+        data = np.frombuffer(self._data_map, np.uint8)
+        starts = offsets[offsets < end]
+        if not (data[starts] & 0xC0 == 0x80).any() and _is_utf8(self._data_map, start, end):
+            return []
+        return self._undecodable_records(chunk_start, offsets)
+
+    def _undecodable_records(self, chunk_start: int, offsets: np.ndarray) -> list[int]:
+        """Records of a chunk that the codec's decode (the one every read uses) refuses."""
+        decode, data = self._decode, self._data_map
+        assert decode is not None
+        bounds = offsets.tolist()
+        bad = []
+        for position, (start, end) in enumerate(zip(bounds, bounds[1:])):
+            try:
+                decode(data, start, end)
+            except (ValueError, TypeError, UnicodeDecodeError):
+                bad.append(chunk_start + position)
         return bad
 
     # -- life cycle --------------------------------------------------------------------------
