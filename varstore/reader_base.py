@@ -18,6 +18,7 @@ import numpy as np
 from .checksum import crc32c
 from .codecs import Codec
 from .errors import DatasetReplacedError
+from . import format as fmt
 from .format import Header
 
 
@@ -47,8 +48,12 @@ class ReaderBase:
 
     @property
     def version(self) -> int:
-        """The identity of what was opened: CRC32C of the shard's 64-byte index header (a dataset's: of its manifest)."""
-        return crc32c(self.header.pack())
+        """The identity of what was opened: a shard's header checksum (CRC32C of header bytes [0, 60), which hold the
+        record count and the data and index body checksums); a dataset's is its manifest's CRC32C.
+
+        (Not the CRC of all 64 bytes: a message followed by its own CRC32C always has the same CRC.)
+        """
+        return crc32c(self.header.pack()[: fmt.HEADER_SIZE - fmt.CHECKSUM_SIZE])
 
     @property
     def codec(self) -> str:
