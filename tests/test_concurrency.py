@@ -3,6 +3,7 @@ rename leaves open readers' view intact; many threads reading one reader get the
 
 from __future__ import annotations
 
+import concurrent.futures
 import multiprocessing
 import random
 import threading
@@ -16,6 +17,7 @@ import varstore
 from .helpers_reliability import make_records
 
 READERS = 3
+THREADS = 8
 FORK = multiprocessing.get_context("fork")
 
 
@@ -70,7 +72,9 @@ def race(directory: Path, versions: list[list[bytes]], write_versions, rounds: i
         stop.set()
         outcomes = [results.get(timeout=120) for _ in readers]
         for process in readers:
-            process.join()
+            process.join(timeout=60)
+            if process.is_alive():
+                process.kill()
     for seen, _, failures in outcomes:
         assert failures == []
         assert sum(seen) > 0
@@ -86,7 +90,7 @@ def test_readers_see_the_old_or_the_new_manifest_while_a_shard_is_added_and_remo
     versions = [sum(parts[:3], []), sum(parts, [])]
     varstore.write_manifest(memory_path, old_names)
     outcomes = race(memory_path, versions, lambda round_number: varstore.write_manifest(
-        memory_path, new_names if round_number % 2 == 0 else old_names), rounds=300)
+        memory_path, new_names if round_number % 2 == 0 else old_names, overwrite=True), rounds=300)
     assert sum(seen[0] for seen, _, _ in outcomes) > 0 and sum(seen[1] for seen, _, _ in outcomes) > 0
 
 
@@ -108,9 +112,10 @@ def test_readers_see_one_whole_dataset_while_a_sharded_writer_overwrites_it(memo
             writer.extend(versions[round_number % 2])
 
     write(1)
-    # A reader that opened a manifest just before a newer one committed may find its shards removed:
-    # MissingFileError is that refusal; any other error, or records of both versions, fails the test.
-    race(memory_path, versions, write, rounds=60, tolerated=(varstore.MissingFileError,))
+    # A reader that opened a manifest just before a newer one committed may find its shards removed or
+    # replaced: MissingFileError and DatasetReplacedError are that refusal; any other error, or records of
+    # both versions, fails the test.
+    race(memory_path, versions, write, rounds=60, tolerated=(varstore.MissingFileError, varstore.DatasetReplacedError))
 
 
 def test_open_reader_keeps_its_view_when_its_shard_is_replaced_by_rename(tmp_path):
@@ -149,10 +154,10 @@ def test_many_threads_reading_one_reader_get_the_right_records(tmp_path):
     dataset = varstore.open(tmp_path / "data", verify_reads=True)
     dataset._max_open = 2  # shards are unmapped and remapped while other threads read them
     stores = [varstore.open(tmp_path / "docs", verify_reads=True), dataset]
-    failures: list[str] = []
-    start = threading.Barrier(8)
+    start = threading.Barrier(THREADS, timeout=60)
 
     def work(seed: int) -> None:
+        """Raises on a wrong record or any error; the main thread re-raises it through the future."""
         generator = random.Random(seed)
         store = stores[seed % 2]
         start.wait()
@@ -164,14 +169,12 @@ def test_many_threads_reading_one_reader_get_the_right_records(tmp_path):
             choice = generator.randrange(4)
             expected = {0: [records[i] for i in indices], 1: [records[i] for i in indices],
                         2: [b"".join(records[i] for i in indices)], 3: records[indices[0] : indices[0] + 5]}[choice]
-            if got[choice]() != expected:
-                failures.append(f"thread {seed}: method {choice} returned wrong records")
+            assert got[choice]() == expected, f"thread {seed}: method {choice} returned wrong records"
 
-    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    for store in stores:
-        store.close()
-    assert failures == []
+    try:
+        with concurrent.futures.ThreadPoolExecutor(THREADS) as pool:
+            for future in [pool.submit(work, seed) for seed in range(THREADS)]:
+                future.result(timeout=120)
+    finally:
+        for store in stores:
+            store.close()
