@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import msgpack
 import numpy as np
@@ -12,7 +13,7 @@ import varstore
 from varstore.record_json import from_json
 
 from .helpers_cli import (
-    VECTOR_NAMES, VECTORS, assert_one_line_error, run, run_json_lines, run_script, strict_json, write_dataset, write_shard,
+    CONSOLE_SCRIPT, VECTOR_NAMES, VECTORS, assert_one_line_error, run, run_json_lines, run_script, strict_json, write_dataset, write_shard,
 )
 
 
@@ -185,3 +186,32 @@ def test_non_finite_float_spelling_is_the_one_the_spec_gives(capsys, tmp_path):
     lines = run_json_lines(capsys, "dump", shard)
     assert lines[0]["record"] == {"a": {"$float": "NaN"}, "b": [{"$float": "Infinity"}, {"$float": "-Infinity"}]}
     assert lines[1]["record"] == {"$array": {"dtype": "<f4", "shape": [1], "values": [{"$float": "NaN"}]}}
+
+
+def _nested(depth: int, make) -> object:
+    value: object = []
+    for _ in range(depth - 1):
+        value = make(value)
+    return value
+
+
+@pytest.mark.parametrize(("make", "opening", "closing"), [(lambda inner: [inner], "[", "]"), (lambda inner: {"k": inner}, '{"k": ', "}")],
+                         ids=["lists", "maps"])
+@pytest.mark.parametrize("style", [[], ["--json"]], ids=["text", "json"])
+def test_deepest_record_the_writer_accepts_is_dumped(capsys, tmp_path, make, opening, closing, style):
+    from varstore.msgpack_check import MAX_DEPTH
+
+    shard = write_shard(tmp_path / "deep", [_nested(MAX_DEPTH, make)], codec="msgpack")
+    code, out, err = run(capsys, "dump", shard, *style)
+    assert code == 0, err
+    if style:  # spelled out by hand: parsing it back here would hit this process's own recursion limit
+        assert out.endswith('"record": ' + opening * (MAX_DEPTH - 1) + "[]" + closing * (MAX_DEPTH - 1) + "}\n")
+
+
+def test_dump_with_standard_output_closed_is_one_line(tmp_path):
+    shard = write_shard(tmp_path / "docs", [b"abc"])
+    for style in (["--raw"], ["--json"], []):
+        result = subprocess.run(f'exec "{CONSOLE_SCRIPT}" dump "{shard}" {" ".join(style)} >&-', shell=True,
+                                capture_output=True, timeout=120)
+        assert result.returncode == 1
+        assert_one_line_error(result.returncode, result.stderr.decode(), "varstore dump: standard output is closed")

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import os
+import signal
 import subprocess
 import sys
 
 import pytest
 
+import varstore
 from varstore.format import HEADER_SIZE
 
 from .helpers_cli import CONSOLE_SCRIPT, assert_one_line_error, flip_byte, run, run_script, write_dataset, write_shard
@@ -97,3 +101,49 @@ def test_progress_bar_on_a_terminal_without_tqdm_names_the_extra(capsys, tmp_pat
     assert err == "varstore: progress bars need tqdm: pip install 'varstore[cli]'\n"
     code, out, err = run(capsys, "verify", shard, "--quiet")
     assert code == 0 and err == ""
+
+
+def test_version_prints_the_installed_version_and_exits_0(capsys):
+    code, out, err = run(capsys, "--version")
+    assert code == 0 and err == ""
+    assert out == f"varstore {varstore.__version__}\n"
+    assert varstore.__version__ == importlib.metadata.version("varstore")
+    script = run_script("--version")
+    assert script.returncode == 0 and script.stdout.decode() == out
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_keyboard_interrupt_inside_a_command_exits_130_in_one_line(capsys, tmp_path, monkeypatch, command):
+    shard = write_shard(tmp_path / "docs", [b"a"])
+
+    def interrupted(*args, **options):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(varstore, "open", interrupted)
+    monkeypatch.setattr(varstore, "ShardedWriter", interrupted)
+    (tmp_path / "lines.txt").write_text("a\n")
+    arguments = {"convert": [tmp_path / "lines.txt", tmp_path / "out"], "merge": [shard, tmp_path / "out"]}.get(command, [shard])
+    code, out, err = run(capsys, command, *arguments)
+    assert code == 130 and out == ""
+    assert err == f"varstore {command}: interrupted\n"
+    assert not (tmp_path / "out").exists()
+
+
+def test_ctrl_c_during_convert_exits_130_and_leaves_nothing(tmp_path):
+    """A real SIGINT while convert waits for input: the signal lands inside the command, at a known point."""
+    fifo = tmp_path / "lines.txt"
+    os.mkfifo(fifo)
+    with subprocess.Popen([str(CONSOLE_SCRIPT), "convert", str(fifo), str(tmp_path / "out")],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as process:
+        try:
+            with open(fifo, "w") as feed:  # returns once convert has opened its source, inside the command
+                feed.write("first line\n")
+                feed.flush()
+                process.send_signal(signal.SIGINT)
+                code = process.wait(timeout=60)
+        finally:
+            process.kill()
+        stderr = process.stderr.read().decode()
+    assert code == 130
+    assert stderr == "varstore convert: interrupted\n"
+    assert not (tmp_path / "out").exists()

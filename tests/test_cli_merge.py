@@ -127,3 +127,39 @@ def test_merge_through_the_console_script_then_verify(tmp_path, parts):
     assert verified.returncode == 0
     assert json.loads(verified.stdout)["records"] == 8
     assert (tmp_path / "all" / MANIFEST_NAME).exists()
+
+
+def test_disk_full_while_copying_names_the_file_and_leaves_nothing(capsys, tmp_path, parts, monkeypatch):
+    real_write, written = os.write, []
+
+    def full_after_one_file(fd, data):
+        if written:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        written.append(fd)
+        return real_write(fd, data)
+
+    first, _, _ = parts
+    monkeypatch.setattr(os, "write", full_after_one_file)
+    code, _, err = run(capsys, "merge", first, tmp_path / "full", "--copy")
+    monkeypatch.undo()
+    assert_one_line_error(code, err, str(tmp_path / "full" / "shard-000000"), "No space left on device", "copying")
+    assert code == 1 and not (tmp_path / "full").exists()
+
+
+def test_disk_full_on_a_real_filesystem_names_the_file(capsys, tmp_path):
+    from .helpers_tmpfs import mounted_tmpfs
+
+    source = write_dataset(tmp_path / "src", [bytes([index]) * 20_000 for index in range(20)], max_shard_records=5)
+    with mounted_tmpfs(256 << 10) as root:  # room for two of the four 100 KB shards
+        (root / "existing").mkdir()
+        code, _, err = run(capsys, "merge", source, root / "existing", "--copy", "--quiet")
+        assert_one_line_error(code, err, str(root / "existing" / "shard-"), "No space left on device")
+        assert code == 1 and os.listdir(root / "existing") == []
+
+
+def test_failure_in_a_new_nested_destination_removes_the_directories_it_made(capsys, tmp_path, parts, monkeypatch):
+    monkeypatch.setattr(os, "link", lambda *args, **options: (_ for _ in ()).throw(OSError(errno.EIO, "Input/output error")))
+    first, _, _ = parts
+    code, _, err = run(capsys, "merge", first, tmp_path / "new" / "deeper" / "merged")
+    assert_one_line_error(code, err, str(tmp_path / "new" / "deeper" / "merged" / "shard-000000"), "linking")
+    assert not (tmp_path / "new").exists()

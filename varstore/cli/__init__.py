@@ -69,3 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     except (VarstoreError, OSError) as error:
         print(prefix + _one_line(error), file=sys.stderr)
         return FAILURE_EXIT_CODE
+    except MemoryError:
+        # The sources report the file and record they were reading; this catches what no source could foresee.
+        print(f"{prefix}out of memory", file=sys.stderr)
+        return FAILURE_EXIT_CODE

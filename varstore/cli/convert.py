@@ -10,6 +10,7 @@ from typing import Any
 import varstore
 
 from .arguments import add_quiet_option, byte_size, json_object, positive_int
+from .destination import removed_if_created_and_failed
 from .errors import CommandError, UsageError
 from .output import format_size, plural, progress_bar
 from .sources import DEFAULT_MAX_RECORD_BYTES, FolderSource, JsonLinesSource, NpySource, ParquetSource, Source, TextSource, TokenSource
@@ -117,40 +118,16 @@ def _open_source(args: argparse.Namespace) -> Source:
     return FolderSource(args.source, max_record_bytes)
 
 
-def _missing_directories(path: str) -> list[str]:
-    """`path` and those of its parents that do not exist yet, deepest first."""
-    missing = []
-    path = os.path.abspath(path)
-    while not os.path.lexists(path):
-        missing.append(path)
-        path = os.path.dirname(path)
-    return missing
-
-
-def _remove_empty_directories(paths: list[str]) -> None:
-    """Remove the directories convert created, deepest first, stopping at the first that is not empty."""
-    for path in paths:
-        try:
-            os.rmdir(path)
-        except OSError:
-            return
-
-
 def run(args: argparse.Namespace) -> int:
     source = _open_source(args)
     started = time.perf_counter()
-    created = _missing_directories(args.destination)
-    try:
-        # The writer locks DST for the whole run, and on an error removes every shard it wrote.
-        with varstore.ShardedWriter(
-            args.destination, codec=source.codec, dtype=source.dtype, shape=source.shape, metadata=args.metadata,
-            max_shard_bytes=args.max_shard_bytes, max_shard_records=args.max_shard_records, overwrite=args.overwrite,
-        ) as writer:
-            with progress_bar(source.total, description="convert", unit=source.unit, quiet=args.quiet) as progress:
-                source.write_to(writer, progress)
-    except BaseException:
-        _remove_empty_directories(created)
-        raise
+    # The writer locks DST for the whole run, and on an error removes every shard it wrote.
+    with removed_if_created_and_failed(args.destination), varstore.ShardedWriter(
+        args.destination, codec=source.codec, dtype=source.dtype, shape=source.shape, metadata=args.metadata,
+        max_shard_bytes=args.max_shard_bytes, max_shard_records=args.max_shard_records, overwrite=args.overwrite,
+    ) as writer:
+        with progress_bar(source.total, description="convert", unit=source.unit, quiet=args.quiet) as progress:
+            source.write_to(writer, progress)
     seconds = time.perf_counter() - started
     with varstore.ShardedReader(args.destination) as dataset:
         payload = sum(entry.data_size for entry in dataset.manifest.shards)

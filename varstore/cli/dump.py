@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import argparse
 import sys
+from contextlib import contextmanager
 from typing import Any, Iterator
 
 import numpy as np
 
 import varstore
 
+from ..msgpack_check import MAX_DEPTH
 from ..record_json import to_json
 from .arguments import STORE_HELP, non_negative_int
-from .errors import UsageError
+from .errors import CommandError, UsageError
 from .output import plural, print_json
 from .render import hex_view, render_array, render_sample, render_text
 
 _CHUNK_RECORDS = 256
+# Rendering a record recurses through its containers, a few Python frames per level.
+_FRAMES_PER_LEVEL = 4
 
 
 def add_parser(commands: Any) -> None:
@@ -132,8 +136,21 @@ def _print_record(index: int, size: int, record: Any, codec: str, limit: int) ->
         print(body)
 
 
+@contextmanager
+def _room_for_the_deepest_records() -> Iterator[None]:
+    """Let rendering recurse through the deepest records a writer accepts (msgpack, `MAX_DEPTH` levels)."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(limit + _FRAMES_PER_LEVEL * MAX_DEPTH)
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(limit)
+
+
 def run(args: argparse.Namespace) -> int:
-    with varstore.open(args.path) as store:
+    if sys.stdout is None:  # started with its standard output closed (`varstore dump ... >&-`)
+        raise CommandError("standard output is closed: there is nowhere to write the records")
+    with varstore.open(args.path) as store, _room_for_the_deepest_records():
         indices = _selected_indices(args, len(store))
         if args.raw:
             _write_raw(store, indices)

@@ -14,9 +14,14 @@ import varstore
 
 from .. import format as fmt
 from ..codecs import make_codec
+from ..errors import StorageError, VarstoreError
+from ..locking import DIRECTORY_LOCK_NAME, lock_directory
 from ..manifest import MANIFEST_NAME, Manifest, ShardEntry, commit_manifest_file, describe_shard
-from ..storage import fsync_directory, make_directories, publish, remove_quietly, sync_directory, temporary_path
+from ..storage import (
+    fsync_directory, make_directories, publish, remove_quietly, storage_error, sync_directory, temporary_path, write_all,
+)
 from .arguments import STORE_HELP, add_quiet_option, json_object
+from .destination import removed_if_created_and_failed
 from .errors import CommandError
 from .output import Progress, describe_codec, format_size, plural, progress_bar
 
@@ -34,7 +39,8 @@ def add_parser(commands: Any) -> None:
         "datasets contribute their manifest entries unchanged. All sources must share one codec.",
     )
     parser.add_argument("sources", nargs="+", metavar="SRC", help=STORE_HELP)
-    parser.add_argument("destination", metavar="DST", help="the new dataset directory (must not exist, or be empty)")
+    parser.add_argument("destination", metavar="DST",
+                        help="the new dataset directory (must not exist, or be empty); locked for one writer while merge runs")
     parser.add_argument("--copy", action="store_true", help="copy the files even where hard links are possible")
     parser.add_argument("--metadata", metavar="JSON", type=json_object,
                         help="user metadata of the merged dataset, a JSON object (default: the sources' when they all agree)")
@@ -100,13 +106,21 @@ def _copy(source: str, destination: str, progress: Progress) -> None:
     """Copy durably: into a temporary name, fsync, then rename to `destination`."""
     temporary = temporary_path(destination)
     try:
-        with open(source, "rb") as reader, open(temporary, "xb") as writer:
-            while chunk := reader.read(_COPY_CHUNK_BYTES):
-                writer.write(chunk)
-                progress(len(chunk))
-            writer.flush()
-            os.fsync(writer.fileno())
+        with open(source, "rb") as reader:
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            try:
+                while chunk := reader.read(_COPY_CHUNK_BYTES):
+                    write_all(fd, chunk)
+                    progress(len(chunk))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         publish([(temporary, destination)], overwrite=False)
+    except OSError as error:
+        if isinstance(error, VarstoreError):
+            raise
+        # A failed write or fsync (a full disk) names no file: say which copy failed.
+        raise StorageError(f"copying {source} failed: {error.strerror or error}", path=destination) from None
     finally:
         remove_quietly([temporary])
 
@@ -120,27 +134,42 @@ def _link_or_copy(source: str, destination: str, copy: bool, progress: Progress)
             return True
         except OSError as error:
             if error.errno not in _LINK_IMPOSSIBLE:
-                raise
+                raise StorageError(f"linking {source} failed: {error.strerror or error}", path=destination) from None
     _copy(source, destination, progress)
     return False
 
 
-def _destination_ready(destination: str) -> bool:
-    """Check DST may receive a new dataset; returns whether it had to be created."""
-    if os.path.isdir(destination):
-        if os.listdir(destination):
-            raise CommandError(f"{destination}: exists and is not empty; merge writes a new dataset into an empty directory")
-        return False
-    if os.path.exists(destination):
+def _check_empty(destination: str) -> None:
+    """DST, locked by this merge, must hold nothing but the lock: merge writes a new dataset."""
+    if set(os.listdir(destination)) - {DIRECTORY_LOCK_NAME}:
+        raise CommandError(f"{destination}: exists and is not empty; merge writes a new dataset into an empty directory")
+
+
+def _make_destination(destination: str) -> None:
+    if os.path.lexists(destination) and not os.path.isdir(destination):
         raise CommandError(f"{destination}: exists and is not a directory")
-    return True
-
-
-def _remove_empty_directory(path: str) -> None:
     try:
-        os.rmdir(path)
-    except OSError:
-        pass
+        make_directories(destination)
+    except OSError as error:
+        raise storage_error(error, "creating the destination directory") from None
+
+
+def _bring_shards(shards: list[_Shard], destination: str, copy: bool, quiet: bool, created: list[str]) -> tuple[list[ShardEntry], int]:
+    """Link or copy every shard into DST as shard-000000, shard-000001, ...; (their entries, files linked).
+
+    Each file brought is added to `created` as soon as it exists, so that the caller can remove them after a failure.
+    """
+    entries, linked = [], 0
+    total = sum(os.path.getsize(path) for shard in shards for path in fmt.shard_paths(shard.prefix))
+    with progress_bar(total, description="merge", quiet=quiet) as progress:
+        for position, shard in enumerate(shards):
+            name = f"shard-{position:06d}"
+            for source_path, path in zip(fmt.shard_paths(shard.prefix), fmt.shard_paths(os.path.join(destination, name))):
+                linked += _link_or_copy(source_path, path, copy, progress)
+                created.append(path)
+            entry = shard.entry or describe_shard(destination, name)[0]
+            entries.append(dataclasses.replace(entry, name=name))
+    return entries, linked
 
 
 def run(args: argparse.Namespace) -> int:
@@ -148,31 +177,25 @@ def run(args: argparse.Namespace) -> int:
     _check_codecs(sources)
     metadata = _merged_metadata(sources, args.metadata)
     destination = args.destination
-    created_directory = _destination_ready(destination)
-    make_directories(destination)
     shards = [shard for source in sources for shard in source.shards]
-    created: list[str] = []
-    linked = 0
-    try:
-        entries = []
-        total = sum(os.path.getsize(path) for shard in shards for path in fmt.shard_paths(shard.prefix))
-        with progress_bar(total, description="merge", quiet=args.quiet) as progress:
-            for position, shard in enumerate(shards):
-                name = f"shard-{position:06d}"
-                for source_path, path in zip(fmt.shard_paths(shard.prefix), fmt.shard_paths(os.path.join(destination, name))):
-                    linked += _link_or_copy(source_path, path, args.copy, progress)
-                    created.append(path)
-                entry = shard.entry or describe_shard(destination, name)[0]
-                entries.append(dataclasses.replace(entry, name=name))
-        fsync_directory(destination)  # the shards' names are durable before the manifest that lists them
-        first = sources[0]
-        commit_manifest_file(destination, Manifest(first.codec, first.codec_params, metadata, entries))
-    except BaseException:
-        remove_quietly(created + [os.path.join(destination, MANIFEST_NAME)])
-        if created_directory:
-            _remove_empty_directory(destination)
-        raise
-    sync_directory(destination)
+    with removed_if_created_and_failed(destination):
+        _make_destination(destination)
+        # One writer per directory: the lock is held until the manifest is committed and synced.
+        with lock_directory(destination):
+            _check_empty(destination)
+            created: list[str] = []
+            try:
+                entries, linked = _bring_shards(shards, destination, args.copy, args.quiet, created)
+                try:
+                    fsync_directory(destination)  # the shards' names are durable before the manifest that lists them
+                except OSError as error:
+                    raise StorageError(f"fsync of the directory failed: {error.strerror or error}", path=destination) from None
+                first = sources[0]
+                commit_manifest_file(destination, Manifest(first.codec, first.codec_params, metadata, entries))
+            except BaseException:
+                remove_quietly(created + [os.path.join(destination, MANIFEST_NAME)])
+                raise
+            sync_directory(destination)
     records = sum(entry.records for entry in entries)
     payload = sum(source.data_size for source in sources)
     print(f"merged {plural(len(sources), 'source')} into {destination}: {plural(len(shards), 'shard')}, "

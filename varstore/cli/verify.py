@@ -15,6 +15,7 @@ import varstore
 
 from ..codecs import codec_from_stored
 from ..errors import CorruptRecordError, VarstoreError
+from ..locking import directory_lock_path, is_locked, shard_lock_path
 from ..manifest import Manifest, ShardEntry, read_manifest
 from ..sharded_reader import open_listed_shard, verify_listed_shard
 from ..storage import TEMP_MARK
@@ -91,13 +92,17 @@ def _describe_bad(check: _ShardCheck) -> str:
     return f"{check.error} (dataset records {listing([check.first_record + index for index in check.bad_records])})"
 
 
-def _print_text(checks: list[_ShardCheck], is_dataset: bool, measured: str, removed: list[str], leftovers: list[str]) -> None:
+def _print_text(checks: list[_ShardCheck], is_dataset: bool, measured: str, removed: list[str], leftovers: list[str],
+                writer_running: bool) -> None:
     bad = [check for check in checks if not check.ok]
     for path in removed:
         print(f"removed {path}")
     for check in bad:
         print(f"FAILED {check.name}: {_describe_bad(check)}" if is_dataset else f"FAILED: {check.error}")
-    if leftovers:
+    if writer_running:
+        print(f"note: a writer is running here; {len(leftovers)} temporary files beside the store may be its own "
+              "(--remove-temporary never deletes a running writer's files)")
+    elif leftovers:
         print(f"note: {len(leftovers)} temporary files left by interrupted writers beside the store "
               "(--remove-temporary deletes them when no writer is running)")
     if not bad:
@@ -111,23 +116,27 @@ def _print_text(checks: list[_ShardCheck], is_dataset: bool, measured: str, remo
 def run(args: argparse.Namespace) -> int:
     is_dataset = os.path.isdir(args.path)
     directory = args.path if is_dataset else os.path.dirname(args.path) or "."
+    # Lock-aware: the temporary files of a writer that is still running are left alone.
     removed = varstore.remove_temporary_files(directory) if args.remove_temporary else []
     with ExitStack() as cleanup:
         if is_dataset:
             manifest = read_manifest(args.path)
             total = sum(entry.data_size for entry in manifest.shards)
             check_all = partial(_check_dataset, args.path, manifest)
+            writer_lock = directory_lock_path(directory)
         else:
             # A shard that cannot even be opened is reported as an error, like any unreadable input.
             reader = cleanup.enter_context(varstore.open(args.path))
             total = reader.header.data_size
             check_all = partial(_check_shard, reader)
+            writer_lock = shard_lock_path(reader.path)
         started = time.perf_counter()
         with progress_bar(total, description="verify", quiet=args.quiet or args.json) as progress:
             checks = check_all(progress)
     seconds = time.perf_counter() - started
     rate = progress.done / seconds if seconds > 0 else 0.0
     leftovers = sorted(glob.glob(os.path.join(glob.escape(directory), f"*{TEMP_MARK}*")))
+    writer_running = is_locked(writer_lock)
     if args.json:
         print_json({
             "path": args.path,
@@ -138,9 +147,10 @@ def run(args: argparse.Namespace) -> int:
             "bytes_per_second": rate,
             "shards": [{**asdict(check), "ok": check.ok} for check in checks],
             "temporary_files": leftovers,
+            "writer_running": writer_running,
             "removed_temporary_files": removed,
         })
     else:
         measured = f"{format_size(progress.done)} of records checked in {seconds:.2f} s ({format_size(rate)}/s)"
-        _print_text(checks, is_dataset, measured, removed, leftovers)
+        _print_text(checks, is_dataset, measured, removed, leftovers, writer_running)
     return 0 if all(check.ok for check in checks) else 1
