@@ -58,7 +58,7 @@ def test_out_of_range_index_is_an_index_error_naming_the_count(tmp_path):
     for index in (2, -3, 1 << 70):
         with pytest.raises(varstore.RecordIndexError, match="out of range for 2 records"):
             reader[index]
-    with pytest.raises(IndexError):
+    with pytest.raises(varstore.RecordIndexError, match="record 5 is out of range for 2 records"):
         reader.get_batch([0, 5])
     with pytest.raises(varstore.RecordTypeError):
         reader["0"]

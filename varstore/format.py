@@ -265,25 +265,34 @@ def _holds_surrogate(value: Any) -> bool:
     return False
 
 
-# Every string literal with its escapes (an unterminated one runs to the end): removing them leaves only
-# the JSON structure, to count brackets in.
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*\\?(?:"|\Z)', re.DOTALL)
 _BRACKET_STEPS = np.zeros(256, np.int8)
 _BRACKET_STEPS[[ord("["), ord("{")]] = 1
 _BRACKET_STEPS[[ord("]"), ord("}")]] = -1
-_DEPTH_CHUNK = 1 << 20
+_BACKSLASH, _QUOTE = ord("\\"), ord('"')
+_DEPTH_CHUNK = 1 << 16
 
 
 def json_depth(raw: bytes) -> int:
     """How deep arrays and objects nest in the JSON text `raw`, counted without parsing or recursing.
 
-    Vectorised over bounded chunks. On malformed text the count may be off after the first
-    error, but a parser stops there, so it never nests deeper than this count.
+    Brackets count outside strings only; a quote ends a string unless an odd run of
+    backslashes precedes it. Vectorised over bounded chunks, so it allocates at most a
+    few bytes per byte of one chunk. On malformed text the count may be off after the
+    first error, but a parser stops there, so it never nests deeper than this count.
     """
-    structure = np.frombuffer(_JSON_STRING.sub(b"", raw), np.uint8)
+    data = np.frombuffer(raw, np.uint8)
     depth = deepest = 0
-    for start in range(0, len(structure), _DEPTH_CHUNK):
-        running = np.cumsum(_BRACKET_STEPS[structure[start : start + _DEPTH_CHUNK]], dtype=np.int32) + depth
+    quotes_so_far = 0  # unescaped quotes before the chunk: odd means the chunk starts inside a string
+    last_plain = -1  # position of the last byte before the chunk that is not a backslash
+    for start in range(0, len(data), _DEPTH_CHUNK):
+        chunk = data[start : start + _DEPTH_CHUNK]
+        positions = np.arange(start, start + len(chunk), dtype=np.int32)
+        plain = np.maximum.accumulate(np.where(chunk == _BACKSLASH, np.int32(last_plain), positions))
+        plain_before = np.concatenate(([last_plain], plain[:-1])).astype(np.int32)
+        escaped = (positions - 1 - plain_before) & 1 == 1  # an odd run of backslashes right before
+        quotes = np.cumsum((chunk == _QUOTE) & ~escaped, dtype=np.int32) + quotes_so_far
+        steps = np.where(quotes & 1, np.int8(0), _BRACKET_STEPS[chunk])
+        running = np.cumsum(steps, dtype=np.int32) + depth
         deepest = max(deepest, int(running.max()))
-        depth = int(running[-1])
+        depth, quotes_so_far, last_plain = int(running[-1]), int(quotes[-1]), int(plain[-1])
     return deepest
