@@ -12,12 +12,12 @@ import sys
 
 from .. import __version__
 from ..errors import RecordIndexError, VarstoreError
-from . import convert, dump, info, merge, stats, verify
+from . import convert, dump, info, merge, repair, stats, verify
 from .errors import FAILURE_EXIT_CODE, USAGE_EXIT_CODE, CommandError
 
 _INTERRUPTED_EXIT_CODE = 130
 _BROKEN_PIPE_EXIT_CODE = 141
-_COMMANDS = (info, dump, verify, stats, convert, merge)
+_COMMANDS = (info, dump, verify, repair, stats, convert, merge)
 
 
 def build_parser() -> argparse.ArgumentParser:
