@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import random
 import signal
@@ -16,6 +17,7 @@ import numpy as np
 import varstore
 from varstore import format as fmt
 from varstore.checksum import crc32c
+from varstore.codecs import make_codec
 from varstore.record_json import to_json
 from varstore.storage import TEMP_MARK
 
@@ -240,12 +242,29 @@ def _failed(result: Any) -> bool:
     return isinstance(result, varstore.VarstoreError)
 
 
+def _flat_records(batch: Any) -> list[bytes]:
+    """The payload bytes of each record of a FlatBatch (offsets count rows for ndarray shards, else bytes)."""
+    offsets = np.asarray(batch.offsets).tolist()
+    return [batch.values[start:end].tobytes() for start, end in zip(offsets[:-1], offsets[1:])]
+
+
+def _flat_iteration(store: Any, count: int) -> list[bytes]:
+    """The payload bytes of the first `count` records, read with iter_flat in batches of 3."""
+    records: list[bytes] = []
+    for batch in store.iter_flat(3):
+        records += _flat_records(batch)
+        if len(records) >= count:
+            break
+    return records[:count]
+
+
 def exercise_store(path: str | os.PathLike[str], *, verify_reads: bool = False, max_records: int = 64) -> dict[str, Any]:
     """Open `path` and try every kind of read on it: single (forwards and backwards), batch, flat, slice,
-    iteration, verify (and as_array and record_sizes where they apply).
+    iteration, flat iteration, record sizes, verify (and as_array with the offsets, for ndarray shards).
 
     Each outcome is a result or a VarstoreError; any other exception escapes to fail the caller. Returns
-    {"open": ...} plus one entry per operation; "single" maps each index to its outcome.
+    {"open": ...} plus one entry per operation; "single" maps each of the first `max_records` indices to its
+    outcome; flat reads are lists of payload bytes per record.
     """
     store = _attempt(lambda: varstore.open(path, verify_reads=verify_reads))
     outcomes: dict[str, Any] = {"open": store}
@@ -254,30 +273,63 @@ def exercise_store(path: str | os.PathLike[str], *, verify_reads: bool = False, 
     with store:
         count = min(len(store), max_records)
         everything = list(range(count))
+        outcomes["length"] = len(store)
+        outcomes["codec"] = store.codec
         outcomes["single"] = {index: _attempt(lambda: store[index]) for index in everything}
         outcomes["single_negative"] = _attempt(lambda: store[-1]) if len(store) else None
         outcomes["batch"] = _attempt(lambda: store.get_batch(everything))
         outcomes["batch_reversed"] = _attempt(lambda: store.get_batch(everything[::-1]))
-        outcomes["flat"] = _attempt(lambda: store.get_batch_flat(everything))
+        outcomes["flat"] = _attempt(lambda: _flat_records(store.get_batch_flat(everything)))
         outcomes["slice"] = _attempt(lambda: store[0:count])
         outcomes["step_slice"] = _attempt(lambda: store[0:count:2])
-        outcomes["iteration"] = _attempt(lambda: list(store)[:count] if len(store) <= max_records else [])
-        outcomes["flat_iteration"] = _attempt(lambda: [batch.values.tobytes() for batch in store.iter_flat(3)][:count])
+        outcomes["iteration"] = _attempt(lambda: list(itertools.islice(store, count)))
+        outcomes["flat_iteration"] = _attempt(lambda: _flat_iteration(store, count))
         outcomes["record_sizes"] = _attempt(lambda: store.record_sizes())
         if store.codec == "ndarray" and isinstance(store, varstore.Reader):
             outcomes["as_array"] = _attempt(store.as_array)
+            outcomes["offsets"] = np.array(store.offsets[: count + 1], np.uint64)
+            outcomes["row_size"] = store.dtype.itemsize * int(np.prod(store.shape or ()))
         outcomes["verify"] = _attempt(store.verify)
     return outcomes
 
 
+def _payload(record: Any, codec: str) -> bytes:
+    """The stored bytes of a decoded record: what a flat read of it returns."""
+    if codec == "str":
+        return record.encode("utf-8")
+    if codec == "ndarray":
+        return record.tobytes()
+    if codec == "msgpack":
+        return make_codec("msgpack").encode(record)
+    return bytes(record)
+
+
+def _decoded(payload: bytes, codec: str) -> Any:
+    """A flat read's payload in canonical form, for the codecs whose payload alone decodes it."""
+    if codec == "msgpack":
+        return canonical(make_codec("msgpack").decode(payload, 0, len(payload)))
+    return None
+
+
+def _agrees_with_single(payload: bytes, single: Any, codec: str) -> bool:
+    if codec == "msgpack":  # re-encoding need not give the same bytes (e.g. map order): compare decoded
+        try:
+            return _decoded(payload, codec) == canonical(single)
+        except Exception:  # a payload whose single read decoded cannot fail to decode
+            return False
+    return payload == _payload(single, codec)
+
+
 def assert_reads_agree(outcomes: dict[str, Any]) -> None:
-    """Every way of reading gives the same records: a batch, slice or iteration succeeds only if every
-    single read of its records does, and then returns exactly those."""
+    """Every way of reading gives the same records. A batch or slice succeeds only if every single read of its
+    records does, and then returns exactly those; iteration, flat reads (which do not decode), flat iteration,
+    record sizes and as_array either raise a VarstoreError or agree with every record read one by one."""
     singles = outcomes.get("single")
     if singles is None:
         return
-    indices = list(singles)
+    indices, codec = list(singles), outcomes["codec"]
     expected = [None if _failed(singles[index]) else canonical(singles[index]) for index in indices]
+    every_record_seen = outcomes["length"] == len(indices)
     for name, order in (("batch", indices), ("batch_reversed", indices[::-1]), ("slice", indices),
                         ("step_slice", indices[::2])):
         result = outcomes[name]
@@ -286,16 +338,72 @@ def assert_reads_agree(outcomes: dict[str, Any]) -> None:
             assert None in wanted, f"{name} failed ({result}) where every single read succeeded"
         else:
             assert [canonical(record) for record in result] == wanted, f"{name} disagrees with single reads"
+    # Whole-store reads (iteration, flat, sizes, as_array) may also refuse damage outside the records read
+    # one by one (e.g. a shard holding none of them): a VarstoreError, or the same records.
+    if not _failed(outcomes["iteration"]):
+        assert [canonical(record) for record in outcomes["iteration"]] == expected, "iteration disagrees with single reads"
+    if every_record_seen and indices:
+        last, negative = singles[indices[-1]], outcomes["single_negative"]
+        assert _failed(negative) == _failed(last), "store[-1] and store[len - 1] disagree"
+        if not _failed(negative):
+            assert canonical(negative) == canonical(last), "store[-1] and store[len - 1] disagree"
+    flat_sizes = None
+    for name in ("flat", "flat_iteration"):
+        result = outcomes[name]
+        if _failed(result):
+            continue
+        assert len(result) == len(indices), f"{name} returned {len(result)} records for {len(indices)}"
+        for index, payload in zip(indices, result):
+            if not _failed(singles[index]):
+                assert _agrees_with_single(payload, singles[index], codec), f"{name} record {index} disagrees"
+        flat_sizes = [len(payload) for payload in result]
+    sizes = outcomes["record_sizes"]
+    if not _failed(sizes):
+        assert len(sizes) == outcomes["length"]
+        sizes = sizes[: len(indices)].tolist()
+        if flat_sizes is not None:
+            assert sizes == flat_sizes, "record_sizes disagree with the flat reads"
+        for index in indices:
+            if not _failed(singles[index]) and codec != "msgpack":
+                assert sizes[index] == len(_payload(singles[index], codec)), f"record_sizes[{index}] disagrees"
+    if "as_array" in outcomes:
+        _assert_array_agrees(outcomes, singles)
+
+
+def _assert_array_agrees(outcomes: dict[str, Any], singles: dict[int, Any]) -> None:
+    """as_array (the data file as rows) holds each record read at its offsets."""
+    rows, offsets, row_size = outcomes["as_array"], outcomes["offsets"].tolist(), outcomes["row_size"]
+    if _failed(rows):
+        return
+    for index, result in singles.items():
+        if not _failed(result):
+            start, end = offsets[index] // row_size, offsets[index + 1] // row_size
+            assert np.array_equal(rows[start:end], result), f"as_array disagrees with record {index}"
 
 
 def assert_reads_match(outcomes: dict[str, Any], original: list[Any], *, checked: bool) -> None:
-    """Damage never changes a record silently: with `checked` (verify_reads) every successful read is the
-    original record, and whenever verify() passes, so is every record read."""
-    singles = outcomes.get("single", {})
+    """Damage never changes a record silently: with `checked` (verify_reads) every successful read of any
+    kind is the original record, and whenever verify() passes, so is every record read and the sizes."""
+    singles = outcomes.get("single")
     verified = "verify" in outcomes and not _failed(outcomes["verify"])
-    if not (checked or verified):
+    if singles is None or not (checked or verified):
         return
     assert len(singles) <= len(original)
+    codec = outcomes["codec"]
+    wanted = [canonical(record) for record in original[: len(singles)]]
     for index, result in singles.items():
         if not _failed(result):
-            assert canonical(result) == canonical(original[index]), f"record {index} changed silently"
+            assert canonical(result) == wanted[index], f"record {index} changed silently"
+    for name in ("batch", "slice", "iteration"):
+        if not _failed(outcomes[name]):
+            assert [canonical(record) for record in outcomes[name]] == wanted, f"{name} changed records silently"
+    for name in ("flat", "flat_iteration"):
+        if not _failed(outcomes[name]):
+            for index, payload in enumerate(outcomes[name]):
+                assert _agrees_with_single(payload, original[index], codec), f"{name} record {index} changed silently"
+    if verified:
+        assert len(original) == outcomes["length"], "verify passed on a shard with another record count"
+        if not _failed(outcomes["record_sizes"]) and codec != "msgpack":
+            assert outcomes["record_sizes"].tolist() == [len(_payload(record, codec)) for record in original]
+        if "as_array" in outcomes and not _failed(outcomes["as_array"]):
+            assert np.array_equal(outcomes["as_array"], np.concatenate(original)), "as_array changed silently"
