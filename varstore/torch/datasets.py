@@ -73,7 +73,9 @@ class RecordDataset(Dataset):
     ``varstore.torch`` logger; a batch with no readable record left still raises.
     `dataset[i]` of a damaged record raises whatever the policy. Catching a flipped
     payload byte needs ``verify_reads=True``; bad offsets and undecodable payloads are
-    caught either way. Nothing mapped is pickled: workers map the files themselves.
+    caught either way. Nothing mapped is pickled: workers map the files themselves, at
+    the absolute path and the version this dataset opened, and raise
+    `DatasetReplacedError` if the dataset was replaced since (never another version's records).
     """
 
     def __init__(
