@@ -1,5 +1,6 @@
 """Boundaries a mutation probe found untested: the first index past the end, a shard listed twice, every
-integer narrowing, a sampler crossing its internal chunk size, a numpy token window crossing a shard."""
+integer narrowing, a sampler crossing its internal chunk size. (Numpy token windows crossing a shard:
+tests/test_torch_token_windows.py.)"""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import varstore
-from varstore.torch import ExactlyOnceSampler, TokenWindowDataset
+from varstore.torch import ExactlyOnceSampler
 
 from .helpers_reliability import make_records
 
@@ -150,27 +151,3 @@ def test_resumed_sampler_beyond_its_chunk_size_yields_the_rest_exactly_once():
     rest = list(resumed)
     assert len(rest) == len(resumed) == size - consumed
     assert rest == order[consumed:]
-
-
-# -- numpy token windows across shards --------------------------------------------------------------
-
-
-@given(st.lists(st.integers(0, 9), min_size=1, max_size=8), st.integers(1, 7), st.sampled_from(["uint16", "int32"]))
-def test_numpy_windows_are_seq_len_plus_one_stream_tokens_even_across_shards(lengths, seq_len, dtype):
-    """Token values are their stream positions; one document per shard, so windows cross shard ends."""
-    stream = np.arange(sum(lengths))
-    documents = np.split(stream, np.cumsum(lengths)[:-1])
-    directory = scratch_directory()
-    try:
-        with varstore.ShardedWriter(directory / "tokens", codec="ndarray", dtype=dtype, max_shard_records=1) as writer:
-            writer.extend([document.astype(dtype) for document in documents])
-        dataset = TokenWindowDataset(directory / "tokens", seq_len, output="numpy")
-        count = len(dataset)
-        assert count == max(0, (len(stream) - 1) // seq_len)
-        windows = dataset.__getitems__(list(range(count))) + [dataset[index] for index in range(count)]
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
-    for position, window in enumerate(windows):
-        start = (position % count) * seq_len if count else 0
-        assert window.dtype == np.dtype(dtype) and window.shape == (seq_len + 1,)
-        assert window.tolist() == stream[start : start + seq_len + 1].tolist()

@@ -83,6 +83,16 @@ def test_resume_continues_the_epoch_at_any_world_size(size, world_size, new_worl
     assert sorted(resumed + [index for part in consumed for index in part]) == list(range(size))
 
 
+def test_epoch_order_is_pinned_so_saved_resume_states_stay_valid_across_releases():
+    """A resume state holds only a count into the epoch order: if the order (the permutation, its key, the
+    default seed or first epoch) changed between releases, a resumed run would repeat and skip samples."""
+    assert list(ExactlyOnceSampler(20, rank=0, world_size=1)) == [
+        11, 15, 2, 3, 14, 12, 17, 9, 0, 13, 4, 10, 8, 7, 19, 1, 6, 16, 5, 18]
+    sampler = ExactlyOnceSampler(20, seed=3, rank=1, world_size=2)
+    sampler.set_epoch(2)
+    assert list(sampler) == [0, 1, 14, 16, 5, 6, 4, 19, 11, 18]
+
+
 def test_resume_state_from_other_settings_is_refused():
     state = ExactlyOnceSampler(50, seed=1, rank=0, world_size=1).state_dict(10)
     with pytest.raises(varstore.VarstoreError, match="seed: saved 1, now 2"):

@@ -30,13 +30,15 @@ def write_tokens(path, documents, dtype="uint16", max_shard_records=None) -> Non
             writer.extend(arrays)
 
 
+@pytest.mark.parametrize("output", ["torch", "numpy"])
 @given(documents_strategy, st.integers(1, 9), st.sampled_from([None, 1, 2, 5]), st.sampled_from(["uint16", "uint32"]))
-def test_windows_are_the_stream_cut_every_seq_len_tokens(documents, seq_len, max_shard_records, dtype):
-    """Token p (token values are their positions) lies in window w exactly when w*seq_len <= p <= w*seq_len + seq_len."""
+def test_windows_are_the_stream_cut_every_seq_len_tokens(output, documents, seq_len, max_shard_records, dtype):
+    """Token p (token values are their positions) lies in window w exactly when w*seq_len <= p <= w*seq_len + seq_len,
+    whether the window lies in one shard or crosses shard ends, as tensors or as numpy arrays."""
     stream = np.concatenate(documents) if documents else np.zeros(0, np.int64)
     with tempfile.TemporaryDirectory() as directory:
         write_tokens(f"{directory}/tokens", documents, dtype, max_shard_records)
-        dataset = TokenWindowDataset(f"{directory}/tokens", seq_len, document_starts=True)
+        dataset = TokenWindowDataset(f"{directory}/tokens", seq_len, document_starts=True, output=output)
         count = len(dataset)
         assert count == max(0, (len(stream) - 1) // seq_len)
         if count:
@@ -44,10 +46,15 @@ def test_windows_are_the_stream_cut_every_seq_len_tokens(documents, seq_len, max
         samples = dataset.__getitems__(list(range(count)))
     document_starts = set(np.cumsum([0] + [len(document) for document in documents[:-1]]).tolist())
     for window, sample in enumerate(samples):
-        tokens = sample["tokens"]
-        assert tokens.dtype == torch.int64 and tokens.shape == (seq_len + 1,)
+        tokens, marks = sample["tokens"], sample["document_starts"]
+        if output == "torch":
+            assert tokens.dtype == torch.int64
+            marks = marks.numpy()
+        else:
+            assert tokens.dtype == np.dtype(dtype) and marks.dtype == np.bool_
+        assert tuple(tokens.shape) == (seq_len + 1,)
         assert tokens.tolist() == list(range(window * seq_len, window * seq_len + seq_len + 1))
-        marked = [window * seq_len + column for column in np.flatnonzero(sample["document_starts"].numpy()).tolist()]
+        marked = [window * seq_len + column for column in np.flatnonzero(marks).tolist()]
         in_window = [start for start in sorted(document_starts) if window * seq_len <= start <= window * seq_len + seq_len]
         assert marked == in_window
 
@@ -114,3 +121,5 @@ def test_bad_window_indices_and_lengths_are_refused(tmp_path):
         dataset[-1]
     with pytest.raises(varstore.RecordTypeError):
         TokenWindowDataset(tmp_path / "tokens", 0)
+    with pytest.raises(varstore.VarstoreError, match="output"):
+        TokenWindowDataset(tmp_path / "tokens", 3, output="pandas")

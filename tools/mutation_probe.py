@@ -13,7 +13,7 @@ statement dropped (a bare call, a `raise`, or an `if` whose body raises).
 
 The probe never touches the working tree: it copies a committed tree (`git archive HEAD`, or --commit REV, or
 the working tree with --worktree) to a scratch directory, writes each mutant into that copy and runs the
-module's fast test subset (MODULE_TESTS) there with `pytest -x` and a per-mutant timeout, importing
+module's fast test subset (MODULE_TESTS) there with `pytest -x` and a 30 s per-test timeout, importing
 varstore from the copy. A mutant is "killed" when the tests fail (or time out), "survived" when they
 pass. The mutants are shuffled with a fixed seed and run until the time budget (default 35 minutes,
 shared between the modules given, in order,
@@ -58,7 +58,8 @@ MODULE_TESTS = {
     "varstore/torch/token_windows.py": ["tests/test_torch_token_windows.py", "tests/test_boundaries.py"],
 }
 DEFAULT_BUDGET_SECONDS = 35 * 60
-MUTANT_TIMEOUT_SECONDS = 240
+TEST_TIMEOUT_SECONDS = 30  # per test: a mutant that makes a loop endless is killed after this (no fast test nears it)
+RUN_TIMEOUT_SECONDS = 300  # per mutant, all its tests
 SEED = 9
 
 COMPARISON_FLIPS = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
@@ -175,10 +176,10 @@ def prepare_copy(commit: str, worktree: bool) -> Path:
 
 
 def run_tests(scratch: Path, tests: list[str], timeout: float) -> tuple[str, float]:
-    """("passed" | "failed" | "timeout", seconds) for `tests` run in `scratch`."""
+    """("passed" | "failed" | "timeout", seconds) for `tests` run in `scratch`, all within `timeout` seconds."""
     tests = [test for test in tests if (scratch / test).exists()]
     command = [str(PYTHON), "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
-               f"--timeout={int(timeout)}", "-o", "addopts=", *tests]
+               f"--timeout={TEST_TIMEOUT_SECONDS}", "-o", "addopts=", *tests]
     started = time.monotonic()
     try:
         completed = subprocess.run(command, cwd=scratch, env={"PYTHONPATH": str(scratch), "PATH": "/usr/bin:/bin",
@@ -206,7 +207,7 @@ def probe(scratch: Path, module: str, budget: float, only: list[int] | None) -> 
             if time.monotonic() > deadline:
                 break
             path.write_text(mutant.source)
-            outcome, seconds = run_tests(scratch, tests, MUTANT_TIMEOUT_SECONDS)
+            outcome, seconds = run_tests(scratch, tests, RUN_TIMEOUT_SECONDS)
             tried += 1
             if outcome == "passed":
                 survivors.append(mutant)
@@ -241,7 +242,7 @@ def main(argv: list[str]) -> int:
     scratch = prepare_copy(arguments.commit, arguments.worktree)
     try:
         baseline_tests = sorted({test for module in arguments.modules for test in MODULE_TESTS[module]})
-        outcome, seconds = run_tests(scratch, baseline_tests, MUTANT_TIMEOUT_SECONDS * 2)
+        outcome, seconds = run_tests(scratch, baseline_tests, RUN_TIMEOUT_SECONDS * 2)
         print(f"baseline (unmutated) {outcome} in {seconds:.0f}s", flush=True)
         if outcome != "passed":
             return 2
