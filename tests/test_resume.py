@@ -115,3 +115,66 @@ def test_abort_after_resume_keeps_the_adopted_shards_for_the_next_resume(tmp_pat
     assert final_index_names(tmp_path) == ["shard-000000", "shard-000001"]
     assert resume(tmp_path) == 20
     assert_store_holds(tmp_path, RECORDS)
+
+
+def killed_run(directory, records, **options) -> None:
+    """A ShardedWriter that dies (its process ends) after appending `records`, before its manifest."""
+    writer = varstore.ShardedWriter(directory, **options)
+    writer.extend(records)
+    writer._writer.abort()
+    writer._writer = None
+    writer._closed = True
+    del writer
+
+
+def test_resume_after_an_overwrite_with_other_shard_settings_holds_every_record_once(tmp_path):
+    """Regression (issue 9, item 4): killed; restarted with overwrite=True and other shard limits, killed;
+    resumed -> the old run's shards were adopted too, and records appeared twice."""
+    killed_run(tmp_path, RECORDS[:33], max_shard_records=10)
+    killed_run(tmp_path, RECORDS[:25], max_shard_records=4, overwrite=True)
+    with varstore.ShardedWriter(tmp_path, resume=True, max_shard_records=4) as writer:
+        assert len(writer) == 24
+        writer.extend(RECORDS[len(writer) :])
+    assert_store_holds(tmp_path, RECORDS)
+    assert final_index_names(tmp_path) == [f"shard-{number:06d}" for number in range(4, 14)], "the first run's shards are gone"
+
+
+def test_resume_continues_an_interrupted_overwrite_and_keeps_the_old_dataset_until_it_commits(tmp_path):
+    old = RECORDS[:5]
+    with varstore.ShardedWriter(tmp_path, max_shard_records=10) as writer:
+        writer.extend(old)
+    killed_run(tmp_path, RECORDS[:23], max_shard_records=10, overwrite=True)
+    assert list(varstore.open(tmp_path)) == old
+    with varstore.ShardedWriter(tmp_path, resume=True, max_shard_records=10) as writer:
+        assert len(writer) == 20
+        assert list(varstore.open(tmp_path)) == old
+        writer.extend(RECORDS[len(writer) :])
+    assert_store_holds(tmp_path, RECORDS)
+    assert "shard-000000" not in final_index_names(tmp_path), "the replaced dataset's shards are removed"
+
+
+def test_resume_is_refused_when_another_dataset_was_committed_since(tmp_path):
+    killed_run(tmp_path, RECORDS[:23], max_shard_records=10)
+    with pytest.raises(varstore.ShardExistsError, match="resume=True or overwrite=True|resume=True to continue"):
+        varstore.ShardedWriter(tmp_path)
+    with varstore.ShardedWriter(tmp_path, overwrite=True) as writer:
+        writer.extend(RECORDS[:3])
+    with pytest.raises(varstore.ShardExistsError, match="resume=True continues only"):
+        varstore.ShardedWriter(tmp_path, resume=True)
+    assert_store_holds(tmp_path, RECORDS[:3])
+
+
+def test_resume_without_a_journal_refuses_shards_it_cannot_attribute(tmp_path):
+    with varstore.Writer(tmp_path / "shard-000000") as writer:
+        writer.append(b"whose?")
+    with pytest.raises(varstore.VarstoreError, match="no writer journal"):
+        varstore.ShardedWriter(tmp_path, resume=True)
+    assert final_index_names(tmp_path) == ["shard-000000"]
+
+
+def test_journal_line_torn_by_a_crash_is_ignored(tmp_path):
+    interrupted_dataset(tmp_path, 2, last_committed=True)
+    with open(tmp_path / ".varstore-journal", "ab") as journal:
+        journal.write(b'0badc0de {"begun": "shard-0000')
+    assert resume(tmp_path) == 23
+    assert_store_holds(tmp_path, RECORDS)

@@ -163,3 +163,45 @@ def test_dataset_pickles_by_path_and_maps_shards_only_when_read(tmp_path):
     clone = pickle.loads(payload)
     assert not clone._readers
     assert clone.get_batch([2, 0]) == [b"c", b"a"] and len(clone) == 3
+
+
+def test_overwrites_never_reuse_a_shard_name(tmp_path):
+    """Regression (issue 9, item 7): after two overwrites an old name held new records, which an open
+    reader of the first version read silently."""
+    seen: set[str] = set()
+    for version in range(3):
+        write_dataset(tmp_path, [bytes([version])] * 5, max_shard_records=2, overwrite=version > 0)
+        names = {entry.name for entry in varstore.open(tmp_path).manifest.shards}
+        assert not names & seen
+        seen |= names
+
+
+def test_overwrite_replaces_a_dataset_whose_manifest_is_damaged_and_keeps_unknown_files(tmp_path):
+    write_dataset(tmp_path, [b"old"] * 4, max_shard_records=2)
+    (tmp_path / MANIFEST_NAME).write_bytes(b'{"format": "varstore-dataset", "version": true}')
+    with pytest.raises(varstore.ShardExistsError, match="damaged"):
+        varstore.ShardedWriter(tmp_path)
+    write_dataset(tmp_path, [b"new"] * 3, max_shard_records=2, overwrite=True)
+    dataset = varstore.open(tmp_path)
+    assert list(dataset) == [b"new"] * 3
+    assert {entry.name for entry in dataset.manifest.shards}.isdisjoint({"shard-000000", "shard-000001"})
+    assert (tmp_path / "shard-000000.index").exists(), "shards of an unreadable manifest are unknown: kept"
+
+
+def test_write_manifest_replaces_a_manifest_only_when_asked(tmp_path):
+    write_dataset(tmp_path, [b"a", b"b"], max_shard_records=1)
+    with pytest.raises(varstore.ShardExistsError, match="overwrite=True"):
+        varstore.write_manifest(tmp_path, ["shard-000000"])
+    assert varstore.write_manifest(tmp_path, ["shard-000000"], overwrite=True) == ["shard-000000"]
+    assert list(varstore.open(tmp_path)) == [b"a"]
+
+
+def test_manifest_committed_meanwhile_is_not_clobbered(tmp_path, monkeypatch):
+    """Without the directory lock (another machine), a new dataset's manifest is linked, never renamed over one."""
+    writer = varstore.ShardedWriter(tmp_path / "data")
+    writer.append(b"late")
+    writer._lock.release()
+    write_dataset(tmp_path / "data", [b"first"], overwrite=True)
+    with pytest.raises(varstore.ShardExistsError, match="manifest"):
+        writer.close()
+    assert list(varstore.open(tmp_path / "data")) == [b"first"]

@@ -174,12 +174,12 @@ def commit_manifest_file(directory: str, manifest: Manifest, *, overwrite: bool 
             os.replace(temporary, final)
         else:
             publish_new([(temporary, final)])
-    except OSError as error:
-        remove_quietly([temporary])
-        raise storage_error(error, "writing the manifest") from None
     except ShardExistsError:
         remove_quietly([temporary])
         raise ShardExistsError("a dataset was committed here meanwhile; pass overwrite=True to replace it", path=final) from None
+    except OSError as error:
+        remove_quietly([temporary])
+        raise storage_error(error, "writing the manifest") from None
 
 
 def describe_shard(directory: str, name: str) -> tuple[ShardEntry, fmt.Header, dict[str, Any]]:
