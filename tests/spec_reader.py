@@ -56,12 +56,20 @@ def _decode_array_extension(data: bytes) -> np.ndarray:
     shape = struct.unpack_from(f"<{ndim}Q", data, 2 + k)
     body = data[2 + k + 8 * ndim :]
     _require(int(np.prod(shape, dtype=object)) * np.dtype(dtype).itemsize == len(body), "array length")
+    _require(int(np.prod([dim or 1 for dim in shape], dtype=object)) <= len(data), "empty array extent")
     return np.frombuffer(body, dtype).reshape(shape)
 
 
 def _ext_hook(code: int, data: bytes) -> np.ndarray:
     _require(code == 1, f"extension type {code}")
     return _decode_array_extension(data)
+
+
+def _map(pairs: list) -> dict:
+    _require(all(type(key) in (str, int) for key, _ in pairs), "map keys are str or int")
+    result = dict(pairs)
+    _require(len(result) == len(pairs), "no map key twice")
+    return result
 
 
 def read_shard(prefix: str) -> dict:
@@ -126,4 +134,4 @@ def _decode(codec: int, params: dict, payload: bytes):
         _require(len(payload) % row == 0, "whole rows")
         return np.frombuffer(payload, dtype).reshape(-1, *params["shape"])
     _require(codec == 3, f"codec id {codec}")
-    return msgpack.unpackb(payload, raw=False, strict_map_key=False, ext_hook=_ext_hook)
+    return msgpack.unpackb(payload, raw=False, strict_map_key=False, ext_hook=_ext_hook, object_pairs_hook=_map)

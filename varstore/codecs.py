@@ -7,8 +7,9 @@ Four codecs, each with a fixed id in the index header:
 - ``ndarray`` (2): one dtype and optional fixed trailing shape per shard; a record
   of shape ``(L, *shape)`` is its C-order little-endian elements, and reads are
   zero-copy read-only views of the map.
-- ``msgpack`` (3): structured samples (dicts, lists, str, int, float, bool, None,
-  bytes, numpy arrays). Arrays and numpy scalars use msgpack extension type 1.
+- ``msgpack`` (3): structured samples (dicts with str or int keys, lists, str, int,
+  float, bool, None, bytes, numpy arrays). Arrays and numpy scalars use msgpack
+  extension type 1. A writer refuses what a reader would not return equal.
 
 Nothing here ever pickles or evaluates.
 """
@@ -23,7 +24,7 @@ import msgpack
 import numpy as np
 
 from .errors import FormatError, RecordTypeError
-from .msgpack_check import check_msgpack
+from .msgpack_check import MAX_DEPTH, check_msgpack
 
 ARRAY_EXT_TYPE = 1
 MAX_ARRAY_DIMS = 32
@@ -78,7 +79,7 @@ class BytesCodec(Codec):
         if isinstance(record, (bytes, bytearray)):
             return record
         if isinstance(record, memoryview):
-            return record.cast("B") if record.contiguous else record.tobytes()
+            return record.cast("B") if record.c_contiguous else record.tobytes()
         raise RecordTypeError(f"the bytes codec takes bytes, bytearray or memoryview, not {type(record).__name__}")
 
     def decode(self, buffer: Any, start: int, end: int) -> bytes:
@@ -159,8 +160,39 @@ def _cast_exactly(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
             )
         return array.astype(dtype)
     if dtype.kind in "fc" and np.can_cast(array.dtype, dtype, "same_kind"):
-        return array.astype(dtype)
+        return _cast_to_float(array, dtype)
     raise RecordTypeError(f"records of dtype {array.dtype} cannot be stored as {dtype} without changing values")
+
+
+def _cast_to_float(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Cast into a float or complex dtype: finite values may round, but one that would become infinite is refused."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        cast = array.astype(dtype)
+    if _largest_magnitude(array.dtype) <= float(np.finfo(dtype).max):
+        return cast
+    overflowed = np.zeros(array.shape, bool)
+    for source, stored in zip(_real_parts(array), _real_parts(cast)):
+        overflowed |= np.isinf(stored) & np.isfinite(source)
+    if overflowed.any():
+        value = array[np.unravel_index(int(np.argmax(overflowed)), array.shape)]
+        raise RecordTypeError(
+            f"value {value} of dtype {array.dtype} overflows {dtype} (largest finite {np.finfo(dtype).max}): "
+            "it would be stored as infinity"
+        )
+    return cast
+
+
+def _largest_magnitude(dtype: np.dtype) -> float:
+    if dtype.kind == "b":
+        return 1.0
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return float(max(-int(info.min), int(info.max)))
+    return float(np.finfo(dtype).max)
+
+
+def _real_parts(array: np.ndarray) -> tuple[np.ndarray, ...]:
+    return (array.real, array.imag) if array.dtype.kind == "c" else (array,)
 
 
 def _pack_array(array: np.ndarray) -> msgpack.ExtType:
@@ -169,8 +201,19 @@ def _pack_array(array: np.ndarray) -> msgpack.ExtType:
         raise RecordTypeError(f"arrays may have at most {MAX_ARRAY_DIMS - 1} dimensions, not {array.ndim}")
     name = dtype.str.encode("ascii")
     head = bytes([len(name)]) + name + bytes([array.ndim]) + struct.pack(f"<{array.ndim}Q", *array.shape)
-    body = np.ascontiguousarray(array, dtype=dtype).tobytes()
-    return msgpack.ExtType(ARRAY_EXT_TYPE, head + body)
+    data = head + np.ascontiguousarray(array, dtype=dtype).tobytes()
+    if not array.size and _empty_extent(array.shape) > len(data):
+        raise RecordTypeError(
+            f"an empty array of shape {array.shape} cannot be stored: the product of its dimensions, zeros counted "
+            f"as ones, is {_empty_extent(array.shape)}, more than its {len(data)} bytes (spec §2.2)"
+        )
+    return msgpack.ExtType(ARRAY_EXT_TYPE, data)
+
+
+def _empty_extent(shape: Sequence[int]) -> int:
+    """The product of `shape` counting zeros as ones: how much an empty array's shape claims, which
+    §2.2 bounds by its extension's length so no shape can make a consumer (e.g. padding) allocate unboundedly."""
+    return math.prod(dim or 1 for dim in shape)
 
 
 _DTYPES_BY_NAME = {name.encode("ascii"): np.dtype(name) for name in ALLOWED_DTYPES}
@@ -193,13 +236,63 @@ def _unpack_array(data: bytes) -> np.ndarray:
     shape = _SHAPES[ndim].unpack_from(data, name_end + 1)
     if math.prod(shape) * dtype.itemsize != len(data) - body_start:
         raise ValueError(f"array extension of shape {shape} and dtype {dtype.str} does not match its {len(data) - body_start} bytes")
+    if len(data) == body_start and _empty_extent(shape) > len(data):
+        raise ValueError(f"empty array extension of shape {shape} claims more than its {len(data)} bytes")
     return np.frombuffer(data, dtype, offset=body_start).reshape(shape)
 
 
 def _msgpack_default(value: Any) -> Any:
     if isinstance(value, (np.ndarray, np.generic)):
         return _pack_array(np.asarray(value))
+    if isinstance(value, int):
+        raise RecordTypeError(f"integer {value} is outside msgpack's range [-2**63, 2**64)")
     raise RecordTypeError(f"the msgpack codec cannot encode {type(value).__name__}")
+
+
+def _packed(record: Any) -> bytes:
+    """`record` packed and checked as a reader checks it (ValueError, TypeError or BufferError if it is not)."""
+    payload = msgpack.packb(record, default=_msgpack_default, use_bin_type=True, datetime=False)
+    check_msgpack(payload, ARRAY_EXT_TYPE)  # e.g. a msgpack.Timestamp, ExtType or a bytes key inside: readers refuse those
+    return payload
+
+
+def _normalised(record: Any) -> Any:
+    """`record` rebuilt with numpy integer map keys as int and non-contiguous memoryviews as bytes, as a
+    reader will return them; RecordTypeError for a map key a reader would refuse or two keys made equal.
+    Iterative, depth first, so neither a deep nor a self-referential record can exhaust the stack."""
+    root: list[Any] = [None]
+    pending: list[tuple[Any, Any, Any, int]] = [(root, 0, record, 0)]  # (copy of the container, slot, value, depth)
+    while pending:
+        container, slot, value, depth = pending.pop()
+        if depth > MAX_DEPTH:
+            raise RecordTypeError(f"the record nests deeper than {MAX_DEPTH} levels")
+        if isinstance(value, msgpack.ExtType):  # a tuple, but msgpack packs it as an extension, which readers refuse
+            copy = value
+        elif isinstance(value, dict):
+            copy = {}
+            for key, item in value.items():
+                stored_key = _stored_key(key)
+                if stored_key in copy:
+                    raise RecordTypeError(f"map key {key!r} ({type(key).__name__}) is stored as {stored_key!r}, a key the map already has")
+                copy[stored_key] = None
+                pending.append((copy, stored_key, item, depth + 1))
+        elif isinstance(value, (list, tuple)):
+            copy = [None] * len(value)
+            pending.extend((copy, index, item, depth + 1) for index, item in enumerate(value))
+        elif isinstance(value, memoryview) and not value.c_contiguous:
+            copy = value.tobytes()
+        else:
+            copy = value
+        container[slot] = copy
+    return root[0]
+
+
+def _stored_key(key: Any) -> str | int:
+    if isinstance(key, np.integer):
+        return int(key)
+    if isinstance(key, (str, int)) and not isinstance(key, bool):
+        return key
+    raise RecordTypeError(f"map key {key!r} of type {type(key).__name__} cannot be stored: map keys must be str or int")
 
 
 def _msgpack_ext_hook(code: int, data: bytes) -> Any:
@@ -215,13 +308,14 @@ class MsgpackCodec(Codec):
 
     def encode(self, record: Any) -> bytes:
         try:
-            payload = msgpack.packb(record, default=_msgpack_default, use_bin_type=True, datetime=False)
-            check_msgpack(payload, ARRAY_EXT_TYPE)  # e.g. a msgpack.Timestamp or ExtType inside: readers refuse those
+            try:
+                return _packed(record)
+            except (TypeError, ValueError, BufferError):  # rare: pack what readers return equal, or name the culprit
+                return _packed(_normalised(record))
         except RecordTypeError:
             raise
-        except (TypeError, ValueError, OverflowError) as error:
+        except (TypeError, ValueError, OverflowError, BufferError) as error:
             raise RecordTypeError(f"record cannot be encoded with msgpack: {error}") from None
-        return payload
 
     def decode(self, buffer: Any, start: int, end: int) -> Any:
         payload = buffer[start:end]

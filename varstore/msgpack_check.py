@@ -6,12 +6,14 @@ reserve gigabytes before it notices that the elements are missing.
 `check_msgpack` walks the bytes first without creating any object and refuses a
 payload unless it is exactly one object whose containers claim no more elements
 than bytes remain, nested at most `MAX_DEPTH` deep, using no extension type but
-the one allowed. After it passes, unpacking allocates in proportion to the payload.
+the one allowed, and whose maps have only str and integer keys, none twice (so a
+record decodes to one dict whatever the decoder, and every key is hashable).
+After it passes, unpacking allocates in proportion to the payload.
 """
 
 from __future__ import annotations
 
-# msgpack-python's packer refuses to nest deeper than this, so every record it writes passes.
+# The deepest nesting of containers a record may have (spec §2.2); writers run this same check.
 MAX_DEPTH = 512
 
 _FIXED, _ARRAY, _MAP, _RAW, _EXT, _INVALID = range(6)
@@ -47,26 +49,71 @@ def _layouts() -> list[tuple[int, int, int, int]]:
 _LAYOUTS = _layouts()
 _FIXED_SIZES = bytes(header if kind == _FIXED else 0 for kind, header, _, _ in _LAYOUTS)
 
+# Map keys other than fixint and fixstr: the size of the length field of a str, or of an integer and its signedness.
+_STR_KEY_LENGTH_SIZES = {0xD9: 1, 0xDA: 2, 0xDB: 4}
+_INT_KEY_SIZES = {0xCC: (1, False), 0xCD: (2, False), 0xCE: (4, False), 0xCF: (8, False),
+                  0xD0: (1, True), 0xD1: (2, True), 0xD2: (4, True), 0xD3: (8, True)}
+
+
+def _map_key(payload: bytes, position: int) -> tuple[int | bytes, int]:
+    """The map key at `position` (not a fixstr, which the caller reads) as an int, or a str key as its
+    UTF-8 bytes, and its size in bytes. A key running past the payload's end is truncated here; the
+    caller's read of the value that must follow it then fails."""
+    byte = payload[position]
+    if byte < 0x80:
+        return byte, 1
+    if byte >= 0xE0:
+        return byte - 0x100, 1
+    if byte in _INT_KEY_SIZES:
+        size, signed = _INT_KEY_SIZES[byte]
+        return int.from_bytes(payload[position + 1 : position + 1 + size], "big", signed=signed), 1 + size
+    if byte in _STR_KEY_LENGTH_SIZES:
+        start = position + 1 + _STR_KEY_LENGTH_SIZES[byte]
+        length = int.from_bytes(payload[position + 1 : start], "big")
+        return payload[start : start + length], start + length - position
+    raise ValueError(f"the map key at byte {position} is not a str or an integer")
+
 
 def check_msgpack(payload: bytes, ext_type: int) -> None:
     """Raise ValueError unless `payload` is one well-formed, bounded msgpack object (see the module docstring)."""
     end = len(payload)
     position = 0
     remaining = 1  # elements still expected by the innermost open container (the payload counts as one)
-    outer: list[int] = []  # the same for each enclosing container
+    keys: set[int | bytes] | None = None  # the keys read so far when the innermost container is a map
+    outer: list[tuple[int, set[int | bytes] | None]] = []  # the same two for each enclosing container
     fixed_sizes = _FIXED_SIZES
     try:
         while True:
-            while remaining:
-                size = fixed_sizes[payload[position]]
-                if not size:
-                    break
-                position += size
-                remaining -= 1
+            if keys is None:
+                while remaining:
+                    size = fixed_sizes[payload[position]]
+                    if not size:
+                        break
+                    position += size
+                    remaining -= 1
+            else:
+                while remaining:
+                    if not remaining & 1:  # a map's elements alternate key, value: an even count means a key is next
+                        byte = payload[position]
+                        if 0xA0 <= byte < 0xC0:  # fixstr, the usual key, read here for speed
+                            size = 1 + (byte & 0x1F)
+                            key = payload[position + 1 : position + size]
+                        else:
+                            key, size = _map_key(payload, position)
+                        if key in keys:
+                            raise ValueError(f"the map key at byte {position} repeats an earlier key of its map")
+                        keys.add(key)
+                        position += size
+                        remaining -= 1
+                    size = fixed_sizes[payload[position]]
+                    if not size:
+                        break
+                    position += size
+                    remaining -= 1
             if not remaining:
                 if not outer:
                     break
-                remaining = outer.pop()
+                remaining, keys = outer.pop()
                 continue
             remaining -= 1
             kind, header, length_size, length = _LAYOUTS[payload[position]]
@@ -92,8 +139,9 @@ def check_msgpack(payload: bytes, ext_type: int) -> None:
                 )
             if len(outer) >= MAX_DEPTH:
                 raise ValueError(f"msgpack containers nest deeper than {MAX_DEPTH}")
-            outer.append(remaining)
+            outer.append((remaining, keys))
             remaining = count
+            keys = set() if kind == _MAP else None
     except IndexError:
         raise ValueError(f"msgpack data ends at byte {end}, inside an object") from None
     if position != end:
