@@ -8,6 +8,8 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 import varstore
 from varstore.storage import TEMP_MARK
@@ -180,3 +182,40 @@ def test_extend_flat_refuses_codecs_whose_payloads_it_cannot_check(tmp_path, cod
     with varstore.Writer(tmp_path / "docs", codec=codec) as writer:
         with pytest.raises(varstore.RecordTypeError, match="encoded one by one"):
             writer.extend_flat(b"\xff\xfe", [2])
+
+
+ADVERSARIAL_LENGTHS = st.lists(
+    st.one_of(
+        st.integers(0, 16),
+        st.sampled_from([2**31, 2**32 + 3, 2**62, 2**63 - 1, 2**63, 2**63 + 5, 2**64 - 1, 2**61 + 1]),
+    ),
+    min_size=1,
+    max_size=6,
+)
+
+
+@example(lengths=[2**64 - 1, 13], dtype=np.uint64, row=1)
+@example(lengths=[2**63, 2**63, 12], dtype=np.uint64, row=1)
+@example(lengths=[2**62, 2**62, 12], dtype=np.int64, row=1)
+@example(lengths=[6148914691236517206, 6148914691236517206, 6148914691236517206, 12], dtype=np.int64, row=3)
+@given(lengths=ADVERSARIAL_LENGTHS, dtype=st.sampled_from([np.uint64, np.int64]), row=st.sampled_from([1, 3]))
+def test_extend_flat_lengths_that_overflow_are_refused_never_committed(tmp_path_factory, lengths, dtype, row):
+    """Regression (issue 9, item 9): uint64 lengths >= 2**63 committed decreasing offsets, and huge int64
+    lengths times the row size wrapped into records of other lengths, which verify() accepted."""
+    if dtype is np.int64 and max(lengths) >= 2**63:
+        return
+    values = np.arange(12 * row, dtype=np.uint16).reshape(12, row)
+    path = tmp_path_factory.mktemp("flat") / "tokens"
+    with varstore.Writer(path, codec="ndarray", dtype="uint16", shape=[row]) as writer:
+        try:
+            writer.extend_flat(values, np.array(lengths, dtype=dtype))
+        except varstore.RecordTypeError:
+            assert sum(lengths) != 12
+        else:
+            assert sum(lengths) == 12
+    with varstore.open(path) as shard:
+        shard.verify()
+        stored = [len(record) for record in shard]
+    assert stored in ([], lengths)
+    if stored:
+        assert np.concatenate(list(varstore.open(path))).tolist() == values.tolist()

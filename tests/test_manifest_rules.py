@@ -1,0 +1,44 @@
+"""The manifest admits exactly one reading: the version is the integer 1, and no JSON member name repeats."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import varstore
+from varstore.manifest import MANIFEST_NAME, decode_manifest
+
+
+def manifest_text(tmp_path) -> str:
+    with varstore.ShardedWriter(tmp_path, max_shard_records=1) as writer:
+        writer.extend([b"a", b"b"])
+    return (tmp_path / MANIFEST_NAME).read_text()
+
+
+@pytest.mark.parametrize("version", ["true", "1.0", '"1"', "1e0"])
+def test_manifest_version_must_be_the_integer_one(tmp_path, version):
+    text = manifest_text(tmp_path).replace('"version": 1', f'"version": {version}')
+    with pytest.raises(varstore.FormatError, match="version"):
+        decode_manifest(text.encode(), path="m")
+
+
+@pytest.mark.parametrize(
+    ("before", "duplicate"),
+    [
+        ('"codec"', '"shards": [], '),
+        ('"codec"', '"version": 1, '),
+        ('"data_crc32c"', '"records": 0, '),
+        ('"name": "bytes"', '"name": "str", '),
+    ],
+)
+def test_manifest_with_a_duplicated_member_is_refused(tmp_path, before, duplicate):
+    text = manifest_text(tmp_path)
+    position = text.index(before)
+    forged = text[:position] + duplicate + text[position:]
+    json.loads(forged)  # Python's own parser would take the last one silently
+    with pytest.raises(varstore.FormatError, match="appears twice"):
+        decode_manifest(forged.encode(), path="m")
+    (tmp_path / MANIFEST_NAME).write_text(forged)
+    with pytest.raises(varstore.FormatError, match="appears twice"):
+        varstore.open(tmp_path)
