@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import math
 
 import hypothesis.extra.numpy as hnp
 import numpy as np
@@ -14,24 +13,10 @@ from hypothesis import strategies as st
 import varstore
 from varstore.codecs import ALLOWED_DTYPES
 
+from .test_codec_properties import same
+
 INT64 = st.integers(-(1 << 63), (1 << 63) - 1)
 UINT64_ONLY = st.integers(1 << 63, (1 << 64) - 1)
-
-
-def same(a, b) -> bool:
-    """Exact equality of decoded records: arrays by dtype, shape and bytes (so NaN and -0.0 count)."""
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return (
-            isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
-            and a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
-        )
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, list):
-        return isinstance(b, list) and len(a) == len(b) and all(map(same, a, b))
-    if isinstance(a, float) and math.isnan(a):
-        return isinstance(b, float) and math.isnan(b)
-    return type(a) is type(b) and a == b
 
 
 def arrays_of(dtype: str, trailing: tuple[int, ...] = ()) -> st.SearchStrategy[np.ndarray]:
