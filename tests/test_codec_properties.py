@@ -256,6 +256,9 @@ def test_msgpack_map_with_a_repeated_or_non_str_int_key_is_a_damaged_record(tmp_
         with pytest.raises(varstore.CorruptRecordError, match="key") as caught:
             reader[1]
         assert caught.value.records == [1]
+        with pytest.raises(varstore.CorruptRecordError) as caught:
+            reader.verify()
+        assert caught.value.records == [1]
     with pytest.raises(spec_reader.SpecError, match="key"):
         spec_reader.read_shard(str(tmp_path / "docs"))
 
@@ -289,6 +292,9 @@ def test_empty_array_whose_shape_claims_more_than_its_bytes_is_a_damaged_record(
     with varstore.open(tmp_path / "docs") as reader:
         with pytest.raises(varstore.CorruptRecordError, match="claims more"):
             reader[0]
+        with pytest.raises(varstore.CorruptRecordError) as caught:
+            reader.verify()
+        assert caught.value.records == [0]
     with pytest.raises(ValueError, match="claims more"):
         MsgpackCodec().decode(ISSUE_RECORD, 0, len(ISSUE_RECORD))
     with pytest.raises(spec_reader.SpecError, match="extent"):
