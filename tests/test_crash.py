@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 from pathlib import Path
 from typing import Any, Callable
@@ -93,6 +94,7 @@ def kill_at_every_call(root: Path, work: Callable[[Path], None], check: Callable
             check(directory)
         except AssertionError as error:
             raise AssertionError(f"after a kill before call {kill_point} ({calls[kill_point - 1:kill_point]}): {error}") from error
+        shutil.rmtree(directory, ignore_errors=True)  # one case at a time in memory: /dev/shm may be 64 MiB
     return kills
 
 
@@ -153,6 +155,7 @@ def test_overwriting_writer_killed_anywhere_leaves_the_old_shard_or_the_new_one(
             writer.extend(old)
         run_killed_child(lambda: work(directory), kill_point)
         check(directory)
+        shutil.rmtree(directory)
 
 
 def kill_while_appending(directory: Path, records: list[bytes], options: dict[str, Any], reports_before_kill: int) -> bool:
@@ -192,6 +195,7 @@ def test_sharded_writer_killed_at_random_moments_while_appending_resumes_to_the_
         directory = memory_path / f"run-{run}"
         kill_while_appending(directory, records, options, generator.randint(1, len(records) + 2))
         check_sharded_after_crash(directory, records, options, layout)
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def test_resume_after_a_crash_during_resume_still_completes_the_dataset(memory_path):
@@ -223,3 +227,4 @@ def test_sharded_overwrite_killed_anywhere_leaves_the_old_dataset_or_the_new_one
         with varstore.open(directory) as dataset:
             dataset.verify()
             assert list(dataset) in (old, new)
+        shutil.rmtree(directory)
