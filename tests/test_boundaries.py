@@ -77,6 +77,46 @@ def test_manifest_listing_one_shard_three_times_is_refused_at_open(stores, tmp_p
         varstore.open(directory)
 
 
+def forge_manifest(directory: Path, change) -> None:
+    document = json.loads((directory / "manifest.json").read_text())
+    change(document)
+    (directory / "manifest.json").write_text(json.dumps(document))
+
+
+MANIFEST_FORGERIES = {
+    "another version": lambda document: document.update(version=2),
+    "another format": lambda document: document.update(format="varstore-something"),
+    "codec not an object": lambda document: document.update(codec="bytes"),
+    "negative records": lambda document: document["shards"][0].update(records=-1),
+    "records of 2**63": lambda document: document["shards"][0].update(records=2**63),
+    "negative data_size": lambda document: document["shards"][0].update(data_size=-1),
+    "index smaller than a header": lambda document: document["shards"][0].update(index_size=63),
+    "index_crc32c of 33 bits": lambda document: document["shards"][0].update(index_crc32c=2**32),
+    "2**63 records in total": lambda document: [entry.update(records=2**62) for entry in document["shards"][:2]],
+}
+
+
+@pytest.mark.parametrize("forgery", list(MANIFEST_FORGERIES))
+def test_manifest_field_just_outside_its_range_is_refused_at_open(stores, tmp_path, forgery):
+    source, _ = stores["dataset"]
+    shutil.copytree(source, tmp_path / "forged")
+    forge_manifest(tmp_path / "forged", MANIFEST_FORGERIES[forgery])
+    with pytest.raises(varstore.FormatError):
+        varstore.open(tmp_path / "forged")
+
+
+def test_dataset_with_an_empty_shard_opens_and_reads_around_it(tmp_path):
+    """records = 0 is the lower edge of a manifest entry, not outside it."""
+    first, second = make_records(91, 4), make_records(92, 3)
+    for name, records in (("a", first), ("empty", []), ("b", second)):
+        with varstore.Writer(tmp_path / name) as writer:
+            writer.extend(records)
+    varstore.write_manifest(tmp_path, ["a", "empty", "b"])
+    with varstore.open(tmp_path) as store:
+        store.verify()
+        assert list(store) == first + second and store[4] == second[0]
+
+
 # -- integer narrowing ------------------------------------------------------------------------------
 
 
