@@ -318,7 +318,7 @@ class MsgpackCodec(Codec):
             raise RecordTypeError(f"record cannot be encoded with msgpack: {error}") from None
 
     def decode(self, buffer: Any, start: int, end: int) -> Any:
-        payload = buffer[start:end]
+        payload = bytes(buffer[start:end])  # no copy from a map; from a memoryview, keys must slice to hashable bytes
         check_msgpack(payload, ARRAY_EXT_TYPE)
         return msgpack.unpackb(payload, raw=False, strict_map_key=False, ext_hook=_msgpack_ext_hook, use_list=True)
 
