@@ -4,6 +4,7 @@ shards, shards at exactly the roll-over limits, and hundreds of thousands of tin
 from __future__ import annotations
 
 import os
+import shutil
 import struct
 
 import numpy as np
@@ -97,12 +98,15 @@ def test_empty_records_and_empty_shards_read_back_every_way(tmp_path, codec, lay
 @example(sizes=[1] * 12, max_bytes=4, max_records=4)
 def test_shards_fill_exactly_to_their_limits_and_no_further(memory_path, sizes, max_bytes, max_records):
     records = [bytes([number % 256]) * size for number, size in enumerate(sizes)]
-    directory = memory_path / f"data-{len(os.listdir(memory_path))}"
-    with varstore.ShardedWriter(directory, max_shard_bytes=max_bytes, max_shard_records=max_records) as writer:
-        writer.extend(records)
-    with varstore.open(directory) as dataset:
-        assert read_every_way(dataset) == [{"$bytes": record.hex()} for record in records]
-        shards = [varstore.open(path).record_sizes().tolist() for path in dataset.shard_paths]
+    directory = memory_path / "data"
+    try:
+        with varstore.ShardedWriter(directory, max_shard_bytes=max_bytes, max_shard_records=max_records) as writer:
+            writer.extend(records)
+        with varstore.open(directory) as dataset:
+            assert read_every_way(dataset) == [{"$bytes": record.hex()} for record in records]
+            shards = [varstore.open(path).record_sizes().tolist() for path in dataset.shard_paths]
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)  # up to 50 files of a page each per example, in /dev/shm
     for position, shard in enumerate(shards):
         assert shard, "no shard is empty"
         assert sum(shard) <= max_bytes or len(shard) == 1, "only a single record may exceed the byte limit"
