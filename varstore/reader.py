@@ -478,14 +478,15 @@ class Reader(ReaderBase):
             raise CorruptRecordError("; ".join(problems), path=self.data_path, records=damaged)
 
     def _bad_checksums(self, view: memoryview, chunk_start: int, offsets: np.ndarray) -> list[int]:
-        """Records of the chunk starting at `chunk_start` (bounded by `offsets`) whose CRC32C is not the stored one."""
+        """Records of the chunk starting at `chunk_start` (bounded by `offsets`) whose CRC32C is not the stored one.
+
+        One C-level map over the records computes the checksums; numpy compares them all at once.
+        """
         bounds = offsets.tolist()
-        expected = self._checksums[chunk_start : chunk_start + len(bounds) - 1].tolist()  # type: ignore[index]
-        return [
-            chunk_start + position
-            for position, (start, end) in enumerate(zip(bounds, bounds[1:]))
-            if crc32c(view[start:end]) != expected[position]
-        ]
+        count = len(bounds) - 1
+        actual = np.fromiter(map(crc32c, map(view.__getitem__, map(slice, bounds, bounds[1:]))), np.uint32, count)
+        wrong = np.flatnonzero(actual != self._checksums[chunk_start : chunk_start + count])  # type: ignore[index]
+        return (wrong + chunk_start).tolist()
 
     def _decode_rule(self) -> str:
         """What the records `_undecodable_finder` lists break, for an error message."""
