@@ -31,6 +31,7 @@ _PAIR = struct.Struct("<QQ")
 _ITERATION_CHUNK = 4096
 _MAX_LISTED_RECORDS = 20
 _UTF8_PIECE = 8 << 20
+_DECODE_ERRORS = (ValueError, TypeError, UnicodeDecodeError)  # what a codec's decode raises on bad bytes
 
 
 class FlatBatch(NamedTuple):
@@ -77,14 +78,12 @@ def _pread_exactly(fd: int, size: int, offset: int, path: str) -> bytes:
 def _is_utf8(data: Any, start: int, end: int) -> bool:
     """Whether `data[start:end]` is valid UTF-8, decoded in bounded pieces so a large range is never copied whole."""
     decoder = codecs.getincrementaldecoder("utf-8")()
-    view = memoryview(data)
-    try:
-        for piece in range(start, end, _UTF8_PIECE):
-            decoder.decode(view[piece : min(piece + _UTF8_PIECE, end)], final=piece + _UTF8_PIECE >= end)
-    except UnicodeDecodeError:
-        return False
-    finally:
-        view.release()
+    with memoryview(data) as view:
+        try:
+            for piece in range(start, end, _UTF8_PIECE):
+                decoder.decode(view[piece : min(piece + _UTF8_PIECE, end)], final=piece + _UTF8_PIECE >= end)
+        except UnicodeDecodeError:
+            return False
     return True
 
 
@@ -115,8 +114,8 @@ class Reader(ReaderBase):
     offsets and the first and last 4 KiB of the data file with ``pread``, never
     through the maps, whatever the record count; it keeps the codec parameters
     and parses the user metadata again only when `metadata` is read. Reads are
-    a bounds check and a slice of the map. With ``verify_reads=True`` every read also checks the
-    record's CRC32C.
+    a bounds check and a slice of the map. With ``verify_reads=True`` every read
+    also checks the record's CRC32C.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, verify_reads: bool = False) -> None:
@@ -245,7 +244,7 @@ class Reader(ReaderBase):
             return self._data_map[start:end]
         try:
             return self._decode(self._data_map, start, end)
-        except (ValueError, TypeError, UnicodeDecodeError) as error:
+        except _DECODE_ERRORS as error:
             raise self._decode_error(index, error) from None
 
     def _get_other(self, index: Any) -> Any:
@@ -338,11 +337,11 @@ class Reader(ReaderBase):
         decode = self._decode
         try:
             return [decode(data, start, end) for start, end in zip(starts, ends)]
-        except (ValueError, TypeError, UnicodeDecodeError):
+        except _DECODE_ERRORS:
             for index, start, end in zip(indices.tolist(), starts, ends):
                 try:
                     decode(data, start, end)
-                except (ValueError, TypeError, UnicodeDecodeError) as error:
+                except _DECODE_ERRORS as error:
                     raise self._decode_error(index, error) from None
             raise
 
@@ -453,19 +452,18 @@ class Reader(ReaderBase):
         failed_checksum: list[int] = []
         failed_decode: list[int] = []
         find_undecodable = self._undecodable_finder()
-        view = memoryview(self._data_map)
         data_crc = 0
-        for chunk_start in range(0, self._count, _ITERATION_CHUNK):
-            offsets = self._offsets[chunk_start : min(chunk_start + _ITERATION_CHUNK, self._count) + 1]
-            if self._checksums is None:
-                data_crc = crc32c(view[int(offsets[0]) : int(offsets[-1])], data_crc)
-            else:
-                failed_checksum += self._bad_checksums(view, chunk_start, offsets)
-            if find_undecodable is not None:
-                failed_decode += find_undecodable(chunk_start, offsets)
-            if progress is not None:
-                progress(int(offsets[-1] - offsets[0]))
-        view.release()
+        with memoryview(self._data_map) as view:
+            for chunk_start in range(0, self._count, _ITERATION_CHUNK):
+                offsets = self._offsets[chunk_start : min(chunk_start + _ITERATION_CHUNK, self._count) + 1]
+                if self._checksums is None:
+                    data_crc = crc32c(view[int(offsets[0]) : int(offsets[-1])], data_crc)
+                else:
+                    failed_checksum += self._bad_checksums(view, chunk_start, offsets)
+                if find_undecodable is not None:
+                    failed_decode += find_undecodable(chunk_start, offsets)
+                if progress is not None:
+                    progress(int(offsets[-1] - offsets[0]))
         problems = [
             f"{len(records)} records {reason}: {_describe(records)}"
             for records, reason in ((failed_checksum, "fail their checksum"), (failed_decode, self._decode_rule()))
@@ -537,7 +535,7 @@ class Reader(ReaderBase):
         for position, (start, end) in enumerate(zip(bounds, bounds[1:])):
             try:
                 decode(data, start, end)
-            except (ValueError, TypeError, UnicodeDecodeError):
+            except _DECODE_ERRORS:
                 bad.append(chunk_start + position)
         return bad
 
