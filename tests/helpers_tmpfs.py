@@ -38,13 +38,8 @@ def mounted_tmpfs(size_bytes: int) -> Iterator[Path]:
 
 def fill(directory: Path) -> None:
     """Write a file that takes every free byte of the filesystem holding `directory`."""
-    with open(directory / "filler", "wb") as file:
-        block = bytes(1 << 16)
-        with contextlib.suppress(OSError):
-            while True:
-                file.write(block)
-                file.flush()
-        with contextlib.suppress(OSError):
-            while True:
-                file.write(b"\0")
-                file.flush()
+    with open(directory / "filler", "wb", buffering=0) as file:
+        for block in (bytes(1 << 16), b"\0"):
+            with contextlib.suppress(OSError):
+                while file.write(block):
+                    pass
