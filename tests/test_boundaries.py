@@ -122,7 +122,7 @@ def test_dataset_with_an_empty_shard_opens_and_reads_around_it(tmp_path):
 # -- shard headers and layout ----------------------------------------------------------------------
 
 HEADER_FORGERIES = {
-    "an unknown flag": dict(flags=2),
+    "an unknown flag beside the checksum flag": dict(flags=fmt.FLAG_RECORD_CHECKSUMS | 2),
     "the next major version": dict(major=2),
     "a reserved byte set": dict(reserved_byte=1),
     "metadata one byte over the limit": dict(metadata_size=fmt.MAX_METADATA_SIZE + 1),
