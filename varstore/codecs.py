@@ -265,7 +265,7 @@ def _normalised(record: Any) -> Any:
     while pending:
         container, slot, value, depth = pending.pop()
         if depth > MAX_DEPTH:
-            raise RecordTypeError(f"the record nests deeper than {MAX_DEPTH} levels")
+            raise RecordTypeError(f"record cannot be encoded with msgpack: containers nest deeper than {MAX_DEPTH}")
         if isinstance(value, msgpack.ExtType):  # a tuple, but msgpack packs it as an extension, which readers refuse
             copy = value
         elif isinstance(value, dict):
