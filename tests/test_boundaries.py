@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 import varstore
 from varstore import format as fmt
+from varstore.codecs import MAX_ARRAY_DIMS
 from varstore.torch import ExactlyOnceSampler
 
 from . import spec_reader
@@ -122,6 +123,7 @@ def test_dataset_with_an_empty_shard_opens_and_reads_around_it(tmp_path):
 # -- shard headers and layout ----------------------------------------------------------------------
 
 HEADER_FORGERIES = {
+    "another magic": dict(magic=b"\x89VSX\r\n\x1a\n"),
     "an unknown flag beside the checksum flag": dict(flags=fmt.FLAG_RECORD_CHECKSUMS | 2),
     "the next major version": dict(major=2),
     "a reserved byte set": dict(reserved_byte=1),
@@ -143,6 +145,21 @@ def test_header_field_just_outside_its_range_is_refused_at_open(stores, tmp_path
 def test_metadata_that_is_not_an_object_of_codec_and_user_objects_is_refused_at_open(stores, tmp_path, metadata):
     index, data = read_shard_files(stores["single"][0])
     write_shard_files(tmp_path / "forged", with_metadata(index, metadata), data)
+    with pytest.raises(varstore.FormatError):
+        varstore.open(tmp_path / "forged")
+
+
+@pytest.mark.parametrize("params", [
+    {"dtype": "<i2", "shape": "3"}, {"dtype": "<i2", "shape": [1] * MAX_ARRAY_DIMS}, {"dtype": "<i2", "shape": [0]},
+    {"dtype": "<i2", "shape": [-1]}, {"dtype": "<i2", "shape": [1.0]}, {"dtype": "<i2", "shape": [True]},
+    {"dtype": "<i2", "shape": [2**32]}, {"dtype": "|O", "shape": []}, {"dtype": "<V2", "shape": []}, {"shape": []},
+])
+def test_stored_ndarray_parameters_outside_the_spec_are_refused_at_open(tmp_path, params):
+    with varstore.Writer(tmp_path / "arrays", codec="ndarray", dtype="int16") as writer:
+        writer.extend([np.arange(4, dtype=np.int16), np.arange(0, dtype=np.int16)])
+    index, data = read_shard_files(tmp_path / "arrays")
+    forged = with_metadata(index, json.dumps({"codec": params, "user": {}}).encode())
+    write_shard_files(tmp_path / "forged", forged, data)
     with pytest.raises(varstore.FormatError):
         varstore.open(tmp_path / "forged")
 
