@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 import varstore
 from varstore.codecs import ALLOWED_DTYPES, MsgpackCodec
-from varstore.msgpack_check import MAX_DEPTH
+from varstore.msgpack_check import MAX_DEPTH, check_msgpack
 
 from . import spec_reader
 from .test_untrusted_input import array_extension, msgpack_shard
@@ -279,6 +279,56 @@ def test_non_contiguous_memoryview_is_stored_as_its_bytes(tmp_path):
         writer.append({"view": strided})
     with varstore.open(tmp_path / "docs") as reader:
         assert reader[0] == {"view": strided.tobytes()}
+
+
+class Pairs(list):
+    """A map as a list of (key, value) pairs, so a test can pack repeated keys."""
+
+
+def _pack_pairs(value) -> bytes:
+    if isinstance(value, Pairs):
+        return _map_header(len(value)) + b"".join(msgpack.packb(key) + _pack_pairs(item) for key, item in value)
+    if isinstance(value, list):
+        return _array_header(len(value)) + b"".join(_pack_pairs(item) for item in value)
+    return msgpack.packb(value)
+
+
+def _map_header(length: int) -> bytes:
+    return bytes([0x80 | length]) if length < 16 else b"\xde" + struct.pack(">H", length)
+
+
+def _array_header(length: int) -> bytes:
+    return bytes([0x90 | length]) if length < 16 else b"\xdc" + struct.pack(">H", length)
+
+
+def _keys_allowed(value) -> bool:
+    """Spec §2.2 from the source structure: every key str or int (not bool), none twice in one map."""
+    if isinstance(value, Pairs):
+        keys = [key for key, _ in value]
+        return (
+            all(isinstance(key, (str, int)) and not isinstance(key, bool) for key in keys)
+            and len({(type(key), key) for key in keys}) == len(keys)
+            and all(_keys_allowed(item) for _, item in value)
+        )
+    return all(map(_keys_allowed, value)) if isinstance(value, list) else True
+
+
+pair_keys = st.sampled_from(["a", "b", "", 0, 1, -1, -33, 200, 2**40, 2**64 - 1, -(2**63), None, True, False, 1.0, b"a"])
+pair_maps = st.recursive(
+    st.none() | st.integers(-5, 5) | st.text(max_size=3),
+    lambda children: st.lists(children, max_size=3) | st.lists(st.tuples(pair_keys, children), max_size=4).map(Pairs),
+    max_leaves=12,
+)
+
+
+@given(pair_maps)
+def test_msgpack_check_refuses_exactly_the_maps_with_a_non_str_int_or_repeated_key(value):
+    payload = _pack_pairs(value)
+    if _keys_allowed(value):
+        check_msgpack(payload, 1)
+    else:
+        with pytest.raises(ValueError, match="key"):
+            check_msgpack(payload, 1)
 
 
 # -- array extension shapes (item 14) -------------------------------------------------------------------

@@ -9,7 +9,9 @@ Four codecs, each with a fixed id in the index header:
   zero-copy read-only views of the map.
 - ``msgpack`` (3): structured samples (dicts with str or int keys, lists, str, int,
   float, bool, None, bytes, numpy arrays). Arrays and numpy scalars use msgpack
-  extension type 1. A writer refuses what a reader would not return equal.
+  extension type 1. A writer refuses what a reader would not return equal
+  after the normalisations of spec §2.2 (tuples read back as lists, numpy
+  integer keys as int, numpy scalars as 0-d arrays, ...).
 
 Nothing here ever pickles or evaluates.
 """
@@ -170,15 +172,16 @@ def _cast_to_float(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
         cast = array.astype(dtype)
     if _largest_magnitude(array.dtype) <= float(np.finfo(dtype).max):
         return cast
-    overflowed = np.zeros(array.shape, bool)
     for source, stored in zip(_real_parts(array), _real_parts(cast)):
-        overflowed |= np.isinf(stored) & np.isfinite(source)
-    if overflowed.any():
-        value = array[np.unravel_index(int(np.argmax(overflowed)), array.shape)]
-        raise RecordTypeError(
-            f"value {value} of dtype {array.dtype} overflows {dtype} (largest finite {np.finfo(dtype).max}): "
-            "it would be stored as infinity"
-        )
+        infinite = np.isinf(stored)
+        if infinite.any():
+            overflowed = np.flatnonzero(infinite & np.isfinite(source))
+            if overflowed.size:
+                value = array.reshape(-1)[overflowed[0]]
+                raise RecordTypeError(
+                    f"value {value} of dtype {array.dtype} overflows {dtype} (largest finite "
+                    f"{np.finfo(dtype).max}): it would be stored as infinity"
+                )
     return cast
 
 
