@@ -145,8 +145,12 @@ class Journal:
         except OSError:
             remove_quietly([temporary])
             raise
-        fsync_directory(directory)
-        return cls.continue_run(directory)
+        try:
+            fsync_directory(directory)
+            return cls.continue_run(directory)
+        except OSError:
+            remove_quietly([final])  # a run that cannot start leaves nothing to resume
+            raise
 
     @classmethod
     def continue_run(cls, directory: str) -> "Journal":

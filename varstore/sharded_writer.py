@@ -436,8 +436,6 @@ def write_manifest(
     """
     directory = os.fspath(directory)
     with lock_directory(directory):
-        if not overwrite and os.path.lexists(os.path.join(directory, MANIFEST_NAME)):
-            raise ShardExistsError("a dataset already exists here; pass overwrite=True to replace its manifest", path=directory)
         if shard_names is None:
             pattern = os.path.join(glob.escape(directory), "*" + fmt.INDEX_SUFFIX)
             shard_names = sorted(
@@ -454,6 +452,8 @@ def write_manifest(
                 raise FormatError(f"shard {name!r} has a different codec from the first shard", path=directory)
             entries.append(entry)
         codec = codec_from_stored(codec_id, codec_params, path=directory) if codec_id is not None else make_codec("bytes")
+        if not overwrite and os.path.lexists(os.path.join(directory, MANIFEST_NAME)):
+            raise ShardExistsError("a dataset already exists here; pass overwrite=True to replace its manifest", path=directory)
         commit_manifest_file(directory, Manifest(codec.name, codec.params(), dict(metadata or {}), entries), overwrite=overwrite)
         sync_directory(directory)
     return [entry.name for entry in entries]
