@@ -6,6 +6,8 @@ Usage (from the repository root, with the development environment):
     .venv/bin/python tools/mutation_probe.py --budget 600 varstore/torch/sampler.py
     .venv/bin/python tools/mutation_probe.py --list varstore/format.py   # show the mutants, run nothing
     .venv/bin/python tools/mutation_probe.py --only varstore/reader.py:17  # rerun one mutant by number
+    .venv/bin/python tools/mutation_probe.py > run.log; ...add tests...; \
+        .venv/bin/python tools/mutation_probe.py --rerun run.log      # did the new tests kill the survivors?
 
 Mutants (AST based, one at a time): a comparison operator flipped (< <=, > >=, == !=, in / not in,
 is / is not), an integer constant moved by +1 or -1, `and` swapped with `or`, `+` swapped with `-`, and a
@@ -143,10 +145,12 @@ def _apply(tree: ast.Module, path: tuple[int, ...], kind: str) -> str:
 def mutants(module: str, source: str) -> list[Mutant]:
     """Every mutant of `source`, numbered in source order."""
     tree = ast.parse(source)
+    lines = source.splitlines()
     found = []
     for path, kind, line in _sites(tree):
         mutated = copy.deepcopy(tree)
-        description = _apply(mutated, path, kind)
+        # The source line in the description finds the same mutant again after the module has moved on.
+        description = f"{_apply(mutated, path, kind)} in `{lines[line - 1].strip()[:70]}`"
         found.append(Mutant(module, len(found), line, description, ast.unparse(ast.fix_missing_locations(mutated))))
     return found
 
@@ -190,13 +194,27 @@ def run_tests(scratch: Path, tests: list[str], timeout: float) -> tuple[str, flo
     return ("passed" if completed.returncode == 0 else "failed"), time.monotonic() - started
 
 
-def probe(scratch: Path, module: str, budget: float, only: list[int] | None) -> tuple[int, int, list[Mutant]]:
-    """(tried, killed, survivors) for mutants of `module` until `budget` seconds are spent."""
+def survivors_in_log(log: Path) -> dict[str, set[str]]:
+    """Module -> descriptions of the mutants a previous run's output reports as SURVIVED."""
+    found: dict[str, set[str]] = {}
+    for line in log.read_text().splitlines():
+        if line.startswith("SURVIVED "):
+            location, description = line[len("SURVIVED "):].split(": ", 1)
+            found.setdefault(location.split(":")[0], set()).add(description)
+    return found
+
+
+def probe(scratch: Path, module: str, budget: float, only: list[int] | None,
+          descriptions: set[str] | None = None) -> tuple[int, int, list[Mutant]]:
+    """(tried, killed, survivors) for mutants of `module` until `budget` seconds are spent; only those
+    numbered `only`, or described as in `descriptions`, if given."""
     path = scratch / module
     original = path.read_text()
     candidates = mutants(module, original)
     if only is not None:
         candidates = [candidates[number] for number in only]
+    elif descriptions is not None:
+        candidates = [mutant for mutant in candidates if mutant.description in descriptions]
     else:
         random.Random(f"{SEED}:{module}").shuffle(candidates)
     tests = MODULE_TESTS[module]
@@ -229,6 +247,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--worktree", action="store_true", help="copy the working tree instead of a commit")
     parser.add_argument("--list", action="store_true", help="list the mutants and run nothing")
     parser.add_argument("--only", help="MODULE:NUMBER[,NUMBER...], the mutants to run")
+    parser.add_argument("--rerun", type=Path, help="the saved output of a run: rerun only its survivors (same change, "
+                        "found by description, so the module may have moved on)")
     arguments = parser.parse_args(argv)
     only = None
     if arguments.only:
@@ -239,6 +259,9 @@ def main(argv: list[str]) -> int:
             for mutant in mutants(module, _committed_source(arguments.commit, module, arguments.worktree)):
                 print(f"{module}:{mutant.number} line {mutant.line}: {mutant.description}")
         return 0
+    rerun = survivors_in_log(arguments.rerun) if arguments.rerun else None
+    if rerun is not None:
+        arguments.modules = [module for module in arguments.modules if module in rerun]
     scratch = prepare_copy(arguments.commit, arguments.worktree)
     try:
         baseline_tests = sorted({test for module in arguments.modules for test in MODULE_TESTS[module]})
@@ -250,7 +273,7 @@ def main(argv: list[str]) -> int:
         totals, survivors = [0, 0], []
         for position, module in enumerate(arguments.modules):
             share = max(0.0, deadline - time.monotonic()) / (len(arguments.modules) - position)
-            tried, killed, survived = probe(scratch, module, share, only)
+            tried, killed, survived = probe(scratch, module, share, only, rerun[module] if rerun else None)
             totals[0] += tried
             totals[1] += killed
             survivors += survived
