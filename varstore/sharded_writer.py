@@ -163,6 +163,7 @@ class ShardedWriter:
 
     def _resume(self, interrupted: Run | None, replaces: int | None) -> None:
         """Continue the run the journal describes, adopting the shards it committed."""
+        remove_temporary_files(self.path, holding_directory_lock=True)
         if interrupted is None:
             if replaces is not None:
                 raise ShardExistsError(
@@ -184,7 +185,6 @@ class ShardedWriter:
                 if replaces is not None else "cannot resume: the manifest the interrupted run was replacing is gone",
                 path=self.path,
             )
-        remove_temporary_files(self.path, holding_directory_lock=True)
         self._run = interrupted
         self._overwrite = replaces is not None
         self._adopt_committed_shards()

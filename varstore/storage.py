@@ -7,7 +7,6 @@ faults (ENOSPC, EIO) at each call, and every OSError becomes a `StorageError`.
 from __future__ import annotations
 
 import errno
-import glob
 import os
 import secrets
 
@@ -34,7 +33,11 @@ def remove_temporary_files(directory: str, *, holding_directory_lock: bool = Fal
     """
     removed = []
     own_lock = directory_lock_path(directory) if holding_directory_lock else None
-    for path in sorted(glob.glob(os.path.join(glob.escape(directory), f"*{TEMP_MARK}*"))):
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return removed
+    for path in sorted(os.path.join(directory, name) for name in names if TEMP_MARK in name):
         lock = _owner_lock_path(path)
         if lock != own_lock and is_locked(lock):
             continue
