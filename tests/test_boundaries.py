@@ -184,6 +184,22 @@ def test_metadata_of_every_length_mod_8_is_padded_as_the_spec_says():
     assert residues == set(range(8))
 
 
+# -- msgpack arrays at the dimension limit -----------------------------------------------------------
+
+
+def test_msgpack_array_one_dimension_past_the_limit_is_refused_at_write_and_one_below_round_trips(tmp_path):
+    """Whatever the writer accepts a reader must return: an array the reader would refuse is refused first."""
+    deepest = np.arange(2, dtype=np.int32).reshape((1,) * (MAX_ARRAY_DIMS - 2) + (2,))
+    with varstore.Writer(tmp_path / "docs", codec="msgpack") as writer:
+        with pytest.raises(varstore.RecordTypeError):
+            writer.append({"array": np.zeros((1,) * MAX_ARRAY_DIMS, np.int8)})
+        writer.append({"array": deepest})
+    with varstore.open(tmp_path / "docs") as store:
+        assert len(store) == 1
+        read = store[0]["array"]
+        assert read.shape == deepest.shape and read.dtype == deepest.dtype and np.array_equal(read, deepest)
+
+
 # -- integer narrowing ------------------------------------------------------------------------------
 
 
