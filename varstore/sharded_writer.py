@@ -298,11 +298,13 @@ class ShardedWriter:
         return writer
 
     def _new_shard_name(self) -> str:
-        """The next number after every name the live manifest and this run used, skipping names taken on disk."""
+        """The next number after every name the live manifest and this run used, skipping names taken on disk
+        (by files, or by another writer's lock)."""
         while True:
             name = f"shard-{self._next_number:06d}"
             self._next_number += 1
-            if name not in self._live_names and not any(os.path.lexists(path) for path in fmt.shard_paths(os.path.join(self.path, name))):
+            prefix = os.path.join(self.path, name)
+            if name not in self._live_names and not any(map(os.path.lexists, (*fmt.shard_paths(prefix), shard_lock_path(prefix)))):
                 return name
 
     def _finish_shard(self) -> ShardEntry:
