@@ -205,3 +205,12 @@ def test_manifest_committed_meanwhile_is_not_clobbered(tmp_path, monkeypatch):
     with pytest.raises(varstore.ShardExistsError, match="manifest"):
         writer.close()
     assert list(varstore.open(tmp_path / "data")) == [b"first"]
+
+
+def test_sharded_writer_skips_a_shard_name_a_standalone_writer_holds(tmp_path):
+    standalone = varstore.Writer(tmp_path / "shard-000000")
+    standalone.append(b"mine")
+    write_dataset(tmp_path, [b"a", b"b"])
+    assert [entry.name for entry in varstore.open(tmp_path).manifest.shards] == ["shard-000001"]
+    standalone.close()
+    assert list(varstore.open(tmp_path / "shard-000000")) == [b"mine"]
