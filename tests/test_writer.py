@@ -12,7 +12,6 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 import varstore
-from varstore.storage import TEMP_MARK
 
 
 def test_append_returns_consecutive_indices(tmp_path):

@@ -117,14 +117,10 @@ class ShardedWriter:
                 self._resume(read_journal(self.path), replaces)
             else:
                 self._start_run(read_journal(self.path), replaces, overwrite)
-        except VarstoreError:
+        except BaseException as error:
             self._lock.release()
-            raise
-        except OSError as error:
-            self._lock.release()
-            raise storage_error(error, "starting the dataset writer") from None
-        except BaseException:
-            self._lock.release()
+            if isinstance(error, OSError) and not isinstance(error, VarstoreError):
+                raise storage_error(error, "starting the dataset writer") from None
             raise
 
     def _live_manifest(self, replacing: bool) -> Manifest | None:
