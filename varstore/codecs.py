@@ -30,6 +30,8 @@ from .msgpack_check import MAX_DEPTH, check_msgpack
 
 ARRAY_EXT_TYPE = 1
 MAX_ARRAY_DIMS = 32
+# An empty array's non-zero dimensions may multiply to at most this (spec §2.2): (0, 4096, 4096) is fine, (2**33, 0) is not.
+MAX_EMPTY_ARRAY_EXTENT = 1 << 24
 
 # The dtypes a shard or a msgpack array may hold, always little-endian on disk.
 ALLOWED_DTYPES = ("|b1", "|i1", "|u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8", "<f2", "<f4", "<f8", "<c8", "<c16")
@@ -205,17 +207,17 @@ def _pack_array(array: np.ndarray) -> msgpack.ExtType:
     name = dtype.str.encode("ascii")
     head = bytes([len(name)]) + name + bytes([array.ndim]) + struct.pack(f"<{array.ndim}Q", *array.shape)
     data = head + np.ascontiguousarray(array, dtype=dtype).tobytes()
-    if not array.size and _empty_extent(array.shape) > len(data):
+    if not array.size and _empty_extent(array.shape) > MAX_EMPTY_ARRAY_EXTENT:
         raise RecordTypeError(
-            f"an empty array of shape {array.shape} cannot be stored: the product of its dimensions, zeros counted "
-            f"as ones, is {_empty_extent(array.shape)}, more than its {len(data)} bytes (spec §2.2)"
+            f"an empty array of shape {array.shape} cannot be stored: the product of its non-zero dimensions, "
+            f"{_empty_extent(array.shape)}, exceeds {MAX_EMPTY_ARRAY_EXTENT} (spec §2.2)"
         )
     return msgpack.ExtType(ARRAY_EXT_TYPE, data)
 
 
 def _empty_extent(shape: Sequence[int]) -> int:
-    """The product of `shape` counting zeros as ones: how much an empty array's shape claims, which
-    §2.2 bounds by its extension's length so no shape can make a consumer (e.g. padding) allocate unboundedly."""
+    """The product of `shape` counting zeros as ones: what an empty array's shape claims, which §2.2
+    bounds so that no shape can make a consumer that allocates by shape (e.g. padding) reserve unboundedly."""
     return math.prod(dim or 1 for dim in shape)
 
 
@@ -239,8 +241,8 @@ def _unpack_array(data: bytes) -> np.ndarray:
     shape = _SHAPES[ndim].unpack_from(data, name_end + 1)
     if math.prod(shape) * dtype.itemsize != len(data) - body_start:
         raise ValueError(f"array extension of shape {shape} and dtype {dtype.str} does not match its {len(data) - body_start} bytes")
-    if len(data) == body_start and _empty_extent(shape) > len(data):
-        raise ValueError(f"empty array extension of shape {shape} claims more than its {len(data)} bytes")
+    if len(data) == body_start and _empty_extent(shape) > MAX_EMPTY_ARRAY_EXTENT:
+        raise ValueError(f"empty array extension of shape {shape} claims more than {MAX_EMPTY_ARRAY_EXTENT} elements")
     return np.frombuffer(data, dtype, offset=body_start).reshape(shape)
 
 
