@@ -184,6 +184,47 @@ def test_metadata_of_every_length_mod_8_is_padded_as_the_spec_says():
     assert residues == set(range(8))
 
 
+# -- flat appends ---------------------------------------------------------------------------------
+
+
+def test_flat_appends_between_buffered_appends_keep_the_record_order(tmp_path):
+    """Small appends wait in the writer's buffer: a flat append must write them first."""
+    small, flat_values, flat_lengths, last = [b"a", b"", b"bc"], b"defghij", [3, 0, 4], [b"k" * 5]
+    expected = small + [b"def", b"", b"ghij"] + last
+    with varstore.Writer(tmp_path / "docs") as writer:
+        writer.extend(small)
+        writer.extend_flat(flat_values, flat_lengths)
+        writer.extend(last)
+    with varstore.open(tmp_path / "docs") as store:
+        store.verify()
+        assert list(store) == expected
+    rows = np.arange(12, dtype=np.int16).reshape(6, 2)
+    with varstore.Writer(tmp_path / "rows", codec="ndarray", dtype="int16", shape=(2,)) as writer:
+        writer.append(rows[:1])
+        writer.extend_flat(rows[1:5], [3, 0, 1])
+        writer.append(rows[5:])
+    with varstore.open(tmp_path / "rows") as store:
+        store.verify()
+        assert [record.tolist() for record in store] == [rows[a:b].tolist() for a, b in ((0, 1), (1, 4), (4, 4), (4, 5), (5, 6))]
+
+
+@pytest.mark.parametrize("lengths", [[-1, 2], [[1], [1]], [1.0, 1.0], [True, True]])
+def test_flat_lengths_that_are_not_non_negative_integers_in_one_dimension_are_refused(tmp_path, lengths):
+    with varstore.Writer(tmp_path / "docs") as writer:
+        with pytest.raises(varstore.RecordTypeError):
+            writer.extend_flat(b"ab", lengths)
+        writer.extend_flat(b"ab", [0, 2, 0])
+    with varstore.open(tmp_path / "docs") as store:
+        assert list(store) == [b"", b"ab", b""]
+
+
+def test_flat_append_to_a_closed_writer_is_refused(tmp_path):
+    writer = varstore.Writer(tmp_path / "docs")
+    writer.close()
+    with pytest.raises(varstore.ClosedError):
+        writer.extend_flat(b"ab", [2])
+
+
 # -- msgpack arrays at the dimension limit -----------------------------------------------------------
 
 
