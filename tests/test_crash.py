@@ -7,12 +7,13 @@ every commit, renames included, is a kill point), and at random moments while it
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
 import signal
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -228,3 +229,83 @@ def test_sharded_overwrite_killed_anywhere_leaves_the_old_dataset_or_the_new_one
             dataset.verify()
             assert list(dataset) in (old, new)
         shutil.rmtree(directory)
+
+
+# -- the order of durable calls ----------------------------------------------------------------------
+# A kill cannot see a missing fsync (the page cache survives it); a power loss can. So the order itself
+# is checked: every file is fsynced after its last write and before it gets a final name, every
+# directory that got new names is fsynced after the last of them, and before a manifest naming them.
+
+_NAMING_CALLS = ("link", "replace", "rename")
+
+
+def _fd_path(fd: int) -> str:
+    return os.readlink(f"/proc/self/fd/{fd}")
+
+
+@contextlib.contextmanager
+def durable_calls() -> Iterator[list[tuple[str, ...]]]:
+    """Record ("write" | "fsync", path) and (naming call, source, target) for the os calls made inside."""
+    events: list[tuple[str, ...]] = []
+    originals = {name: getattr(os, name) for name in ("write", "pwrite", "fsync", *_NAMING_CALLS)}
+
+    def wrapped(name: str) -> Callable[..., Any]:
+        original = originals[name]
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if name in _NAMING_CALLS:
+                events.append((name, os.path.realpath(args[0]), os.path.realpath(args[1])))
+            else:
+                events.append(("fsync" if name == "fsync" else "write", _fd_path(args[0])))
+            return original(*args, **kwargs)
+
+        return call
+
+    for name in originals:
+        setattr(os, name, wrapped(name))
+    try:
+        yield events
+    finally:
+        for name, original in originals.items():
+            setattr(os, name, original)
+
+
+def assert_synced_before_named(events: list[tuple[str, ...]], root: Path) -> None:
+    root = Path(os.path.realpath(root))
+    written_since_fsync: set[str] = set()
+    directories_to_sync: set[str] = set()
+    namings = 0
+    for event in events:
+        if event[0] == "write":
+            written_since_fsync.add(event[1])
+        elif event[0] == "fsync":
+            written_since_fsync.discard(event[1])
+            directories_to_sync.discard(event[1])
+        elif root in Path(event[2]).parents:
+            namings += 1
+            assert event[1] not in written_since_fsync, f"{event[1]} was named {event[2]} before its data was fsynced"
+            if os.path.basename(event[2]) == MANIFEST_NAME:
+                assert not directories_to_sync, f"the manifest was committed before the names in {directories_to_sync}"
+            directories_to_sync.add(os.path.dirname(event[2]))
+    assert namings, "nothing was named: the test saw no commit"
+    assert not directories_to_sync, f"new names in {sorted(directories_to_sync)} were not fsynced after the commit"
+
+
+@pytest.mark.parametrize("scenario", ["new shard", "overwritten shard", "dataset", "overwritten dataset"])
+def test_every_file_is_fsynced_before_its_final_name_and_each_directory_after(tmp_path, scenario):
+    records = make_records(10, 30) + [b"w" * (1 << 20)]  # past the writer's buffer: written directly too
+    if scenario.startswith("overwritten"):
+        with varstore.ShardedWriter(tmp_path / "data", max_shard_records=8) as writer:
+            writer.extend(records[:9])
+        with varstore.Writer(tmp_path / "docs") as writer:
+            writer.extend(records[:3])
+    with durable_calls() as events:
+        if scenario.endswith("shard"):
+            with varstore.Writer(tmp_path / "docs", overwrite=scenario.startswith("overwritten")) as writer:
+                writer.extend(records)
+        else:
+            with varstore.ShardedWriter(tmp_path / "data", max_shard_records=8,
+                                        overwrite=scenario.startswith("overwritten")) as writer:
+                writer.extend(records)
+    assert_synced_before_named(events, tmp_path)
+    assert_store_holds(tmp_path / ("docs" if scenario.endswith("shard") else "data"), records)
