@@ -4,6 +4,7 @@ tests/test_torch_token_windows.py.)"""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -223,6 +224,24 @@ def test_flat_append_to_a_closed_writer_is_refused(tmp_path):
     writer.close()
     with pytest.raises(varstore.ClosedError):
         writer.extend_flat(b"ab", [2])
+
+
+def test_writer_dropped_without_close_leaves_no_shard_and_no_temporary_file(tmp_path):
+    writer = varstore.Writer(tmp_path / "docs")
+    writer.append(b"never committed")
+    del writer
+    gc.collect()
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+def test_whole_shard_views_of_a_closed_reader_are_refused(tmp_path):
+    with varstore.Writer(tmp_path / "rows", codec="ndarray", dtype="int16") as writer:
+        writer.append(np.arange(3, dtype=np.int16))
+    store = varstore.open(tmp_path / "rows")
+    store.close()
+    for view in (store.as_array, store.record_sizes):
+        with pytest.raises(varstore.ClosedError):
+            view()
 
 
 # -- msgpack arrays at the dimension limit -----------------------------------------------------------
