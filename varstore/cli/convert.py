@@ -37,7 +37,8 @@ _EPILOG = """sources (the format is told by the name, or by --format):
 
 limits:
   Memory stays bounded: arrays and token files are memory-mapped and written in
-  16 MiB pieces, Parquet is read in batches of rows. A record is held whole in
+  16 MiB pieces; Parquet is read in batches of rows (pyarrow's memory follows
+  the file's row-group size). A record is held whole in
   memory while it is written, so a line (jsonl, text) or a folder's file longer
   than --max-record-bytes (default 64M) is refused with its name and line.
   An .npy array or Parquet file whose header claims more records than the file
@@ -56,7 +57,8 @@ def add_parser(commands: Any) -> None:
     parser = commands.add_parser(
         "convert",
         help="build a dataset from .npy, token, JSON Lines, text, folder or Parquet sources",
-        description="Build a dataset directory DST from SRC, streaming: memory stays constant whatever the size.",
+        description="Build a dataset directory DST from SRC, streaming: memory stays bounded whatever the size "
+        "(see limits below).",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -6,8 +6,9 @@ memory stays constant whatever the input's size. A record must be whole in memor
 to be written, so a line or a folder's file longer than `max_record_bytes` is
 refused. A source whose header claims more records than it has bytes (an .npy
 of shape (2**40, 0), a Parquet file of 2**40 null rows) is refused before
-anything is written: no input may make convert write an index larger than
-about eight times itself. Errors name the file and the line, row or record
+anything is written; every other source yields at most one record per byte (or,
+for folders, per file) it reads, so no input can make convert write an index
+out of proportion to itself. Errors name the file and the line, row or record
 concerned.
 """
 

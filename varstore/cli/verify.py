@@ -35,7 +35,7 @@ def add_parser(commands: Any) -> None:
     add_quiet_option(parser)
     parser.add_argument("--remove-temporary", action="store_true",
                         help="first delete the temporary files that interrupted writers left beside the store "
-                        "(only when no writer is running there)")
+                        "(a running writer's files are left alone: it holds its lock)")
     parser.set_defaults(run=run)
 
 
