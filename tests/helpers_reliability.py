@@ -22,7 +22,7 @@ from varstore.record_json import to_json
 from varstore.storage import TEMP_MARK
 
 # The calls through which varstore's writers change files: where faults are injected and crashes happen.
-COMMIT_CALLS = ("open", "write", "pwrite", "fsync", "replace")
+COMMIT_CALLS = ("open", "write", "pwrite", "fsync", "replace", "link")
 
 _HEADER_FIELDS = struct.Struct("<8sHHBBHQQQIII8sI")
 _FIELD_POSITIONS = {

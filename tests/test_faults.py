@@ -57,7 +57,11 @@ def check_dataset(directory: Path, error: varstore.StorageError) -> None:
         assert COMMITTED_MARK in str(error)
         assert_store_holds(directory, RECORDS)
     elif COMMITTED_MARK not in str(error):
-        assert os.listdir(directory) == [], "a failed dataset write removes every shard it made"
+        # A failed writer keeps the shards it committed, and its journal, for a resume that stores every record once.
+        with varstore.ShardedWriter(directory, resume=True, max_shard_records=15) as writer:
+            writer.extend(RECORDS[len(writer) :])
+        assert_store_holds(directory, RECORDS)
+        return
     # A shard whose directory fsync failed after its rename stays, whole, outside any manifest.
     for name in final_index_names(directory):
         with varstore.open(directory / name) as shard:
@@ -86,7 +90,7 @@ OPERATIONS: dict[str, tuple[Callable[[Path], None], Callable[[Path], None], Call
     "ShardedWriter": (lambda directory: None, write_dataset, check_dataset),
     "write_manifest": (prepare_shards, combine_shards, check_combined),
 }
-SITES = ("open", "write", "pwrite", "fsync", "replace")
+SITES = ("open", "write", "pwrite", "fsync", "replace", "link")
 
 
 def calls_at(operation: str, site: str, root: Path) -> int:
@@ -103,10 +107,9 @@ def calls_at(operation: str, site: str, root: Path) -> int:
 def test_fault_at_every_call_is_a_storage_error_leaving_nothing_half_written(memory_path, operation, site, kind):
     prepare, work, check = OPERATIONS[operation]
     count = calls_at(operation, site, memory_path)
-    if operation == "write_manifest" and site == "pwrite":
-        assert count == 0
+    if count == 0:
+        assert (operation, site) in {("write_manifest", "pwrite"), ("write_manifest", "replace"), ("Writer", "replace")}
         return
-    assert count > 0
     for nth in range(1, count + 1):
         directory = memory_path / f"fault-{nth}"
         directory.mkdir()
@@ -131,6 +134,9 @@ def test_fault_while_overwriting_a_shard_never_yields_wrong_records(memory_path,
             writer.extend(RECORDS)
 
     count = count_calls(lambda: overwrite(memory_path / "counting")).count(site)
+    if site == "link":
+        assert count == 0, "overwriting renames"
+        return
     assert count > 0
     for nth in range(1, count + 1):
         prefix = memory_path / f"fault-{nth}" / "docs"

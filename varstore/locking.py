@@ -18,6 +18,7 @@ import errno
 import fcntl
 import os
 import socket
+import time
 from typing import Any
 
 from .errors import ConcurrentWriterError, StorageError
@@ -25,6 +26,7 @@ from .errors import ConcurrentWriterError, StorageError
 LOCK_SUFFIX = ".varstore-lock"
 DIRECTORY_LOCK_NAME = LOCK_SUFFIX
 _HOLDER_BYTES = 256
+_PROBE_RETRIES = 3
 
 
 def directory_lock_path(directory: str) -> str:
@@ -50,7 +52,7 @@ class WriterLock:
         while self._fd < 0:
             fd = self._open()
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                _flock_exclusive(fd)
             except OSError as error:
                 holder = _read_holder(fd)
                 os.close(fd)
@@ -119,6 +121,8 @@ def is_locked(path: str) -> bool:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return False
+    except OSError as error:
+        raise StorageError(f"cannot check the writer lock: {error.strerror or error}", path=path) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError:
@@ -126,6 +130,18 @@ def is_locked(path: str) -> bool:
     finally:
         os.close(fd)
     return False
+
+
+def _flock_exclusive(fd: int) -> None:
+    """Take the exclusive lock without waiting for a writer, but past an `is_locked` probe, which holds a
+    shared lock for microseconds: a few tries a millisecond apart tell the two apart."""
+    for _ in range(_PROBE_RETRIES):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            time.sleep(0.001)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
 def _names_same_file(fd: int, path: str) -> bool:

@@ -284,8 +284,9 @@ class ShardedWriter:
             finished = self._finish_shard()
             writer = None
         if writer is None:
-            name = self._new_shard_name()
+            name = "the next shard"
             try:
+                name = self._new_shard_name()
                 assert self._journal is not None
                 self._journal.record(finished, name)
                 writer = self._writer = Writer(os.path.join(self.path, name), **self._writer_options)
@@ -295,12 +296,13 @@ class ShardedWriter:
 
     def _new_shard_name(self) -> str:
         """The next number after every name the live manifest and this run used, skipping names taken on disk
-        (by files, or by another writer's lock)."""
+        (by files, or by a live writer's lock; a killed writer's lock file is no claim)."""
         while True:
             name = f"shard-{self._next_number:06d}"
             self._next_number += 1
             prefix = os.path.join(self.path, name)
-            if name not in self._live_names and not any(map(os.path.lexists, (*fmt.shard_paths(prefix), shard_lock_path(prefix)))):
+            taken = any(map(os.path.lexists, fmt.shard_paths(prefix))) or is_locked(shard_lock_path(prefix))
+            if name not in self._live_names and not taken:
                 return name
 
     def _finish_shard(self) -> ShardEntry:
