@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 import varstore
 from varstore import format as fmt
 from varstore.codecs import MAX_ARRAY_DIMS
+from varstore.manifest import decode_manifest
 from varstore.torch import ExactlyOnceSampler
 
 from . import spec_reader
@@ -97,6 +98,8 @@ MANIFEST_FORGERIES = {
     "index smaller than a header": lambda document: document["shards"][0].update(index_size=63),
     "index_crc32c of 33 bits": lambda document: document["shards"][0].update(index_crc32c=2**32),
     "2**63 records in total": lambda document: [entry.update(records=2**62) for entry in document["shards"][:2]],
+    "metadata not an object": lambda document: document.update(metadata=[]),
+    "shards not a list": lambda document: document.update(shards={}),
 }
 
 
@@ -107,6 +110,14 @@ def test_manifest_field_just_outside_its_range_is_refused_at_open(stores, tmp_pa
     forge_manifest(tmp_path / "forged", MANIFEST_FORGERIES[forgery])
     with pytest.raises(varstore.FormatError):
         varstore.open(tmp_path / "forged")
+
+
+def test_manifest_of_exactly_2_63_minus_1_records_parses(stores):
+    """The upper edge of the total is inside it (the shards then fail their own checks at open)."""
+    document = json.loads((stores["dataset"][0] / "manifest.json").read_text())
+    document["shards"][0]["records"], document["shards"][1]["records"] = 2**62, 2**62 - 1 - document["shards"][2]["records"]
+    manifest = decode_manifest(json.dumps(document).encode(), path="manifest.json")
+    assert sum(entry.records for entry in manifest.shards) == 2**63 - 1
 
 
 def test_dataset_with_an_empty_shard_opens_and_reads_around_it(tmp_path):
@@ -234,12 +245,13 @@ def test_writer_dropped_without_close_leaves_no_shard_and_no_temporary_file(tmp_
     assert sorted(os.listdir(tmp_path)) == []
 
 
-def test_whole_shard_views_of_a_closed_reader_are_refused(tmp_path):
+def test_views_of_a_closed_reader_are_refused(tmp_path):
     with varstore.Writer(tmp_path / "rows", codec="ndarray", dtype="int16") as writer:
         writer.append(np.arange(3, dtype=np.int16))
     store = varstore.open(tmp_path / "rows")
     store.close()
-    for view in (store.as_array, store.record_sizes):
+    for view in (store.as_array, store.record_sizes, lambda: store.metadata, lambda: store.offsets,
+                 lambda: store.prefetch(0, 1)):
         with pytest.raises(varstore.ClosedError):
             view()
 
