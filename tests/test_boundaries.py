@@ -100,6 +100,7 @@ MANIFEST_FORGERIES = {
     "2**63 records in total": lambda document: [entry.update(records=2**62) for entry in document["shards"][:2]],
     "metadata not an object": lambda document: document.update(metadata=[]),
     "shards not a list": lambda document: document.update(shards={}),
+    "a shard entry not an object": lambda document: document["shards"].__setitem__(0, "shard-000000"),
 }
 
 
@@ -112,12 +113,15 @@ def test_manifest_field_just_outside_its_range_is_refused_at_open(stores, tmp_pa
         varstore.open(tmp_path / "forged")
 
 
-def test_manifest_of_exactly_2_63_minus_1_records_parses(stores):
-    """The upper edge of the total is inside it (the shards then fail their own checks at open)."""
+def test_manifest_of_2_63_minus_1_records_parses_and_one_more_is_refused(stores):
+    """The manifest's own total check, before any shard's (which would refuse these shards anyway at open)."""
     document = json.loads((stores["dataset"][0] / "manifest.json").read_text())
     document["shards"][0]["records"], document["shards"][1]["records"] = 2**62, 2**62 - 1 - document["shards"][2]["records"]
     manifest = decode_manifest(json.dumps(document).encode(), path="manifest.json")
     assert sum(entry.records for entry in manifest.shards) == 2**63 - 1
+    document["shards"][1]["records"] += 1
+    with pytest.raises(varstore.FormatError, match="in total"):
+        decode_manifest(json.dumps(document).encode(), path="manifest.json")
 
 
 def test_dataset_with_an_empty_shard_opens_and_reads_around_it(tmp_path):
