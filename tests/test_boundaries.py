@@ -255,9 +255,19 @@ def test_views_of_a_closed_reader_are_refused(tmp_path):
     store = varstore.open(tmp_path / "rows")
     store.close()
     for view in (store.as_array, store.record_sizes, lambda: store.metadata, lambda: store.offsets,
-                 lambda: store.prefetch(0, 1)):
+                 lambda: store.prefetch(0, 1), lambda: list(store.iter_flat())):
         with pytest.raises(varstore.ClosedError):
             view()
+
+
+def test_whole_reads_of_a_closed_dataset_are_refused_not_empty(tmp_path):
+    with varstore.ShardedWriter(tmp_path / "data", max_shard_records=2) as writer:
+        writer.extend([b"a", b"b", b"c"])
+    store = varstore.open(tmp_path / "data")
+    store.close()
+    for read in (lambda: store[0:2], lambda: list(store.iter_flat()), lambda: list(store)):
+        with pytest.raises(varstore.ClosedError):
+            read()
 
 
 # -- msgpack arrays at the dimension limit -----------------------------------------------------------

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import pickle
 import struct
-import threading
 
 import numpy as np
 import pytest
@@ -183,22 +183,18 @@ def test_unpickling_a_reader_of_a_deleted_shard_fails_naming_it(tmp_path):
 def test_concurrent_reads_from_threads_are_correct(tmp_path):
     records = [os.urandom(n) for n in range(300)]
     reader = varstore.open(make_shard(tmp_path / "docs", records))
-    failures = []
 
     def read_many(seed: int) -> None:
         rng = np.random.default_rng(seed)
         for _ in range(200):
             index = int(rng.integers(len(records)))
             batch = rng.integers(len(records), size=8)
-            if reader[index] != records[index] or reader.get_batch(batch) != [records[i] for i in batch]:
-                failures.append(index)
+            assert reader[index] == records[index]
+            assert reader.get_batch(batch) == [records[i] for i in batch]
 
-    threads = [threading.Thread(target=read_many, args=(seed,)) for seed in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert failures == []
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        for future in [pool.submit(read_many, seed) for seed in range(8)]:
+            future.result(timeout=120)  # an exception in a thread fails the test
 
 
 def test_record_past_4_gib_reads_correctly_from_a_sparse_data_file(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 import tempfile
 
 import numpy as np
@@ -123,3 +124,16 @@ def test_bad_window_indices_and_lengths_are_refused(tmp_path):
         TokenWindowDataset(tmp_path / "tokens", 0)
     with pytest.raises(varstore.VarstoreError, match="output"):
         TokenWindowDataset(tmp_path / "tokens", 3, output="pandas")
+
+
+def test_document_start_inside_a_token_is_a_corrupt_record_not_a_mark_one_token_early(tmp_path):
+    with varstore.Writer(tmp_path / "tokens", codec="ndarray", dtype="uint16") as writer:
+        writer.extend([np.arange(5, dtype=np.uint16), np.arange(5, dtype=np.uint16)])
+    with varstore.open(tmp_path / "tokens") as reader:
+        second_offset = reader.header.offsets_start + 8
+    with open(tmp_path / "tokens.index", "r+b") as index:
+        index.seek(second_offset)
+        index.write(struct.pack("<Q", 9))  # record 1 would start inside token 4 (bytes 8-9)
+    dataset = TokenWindowDataset(tmp_path / "tokens", 8, document_starts=True)
+    with pytest.raises(varstore.CorruptRecordError, match="inside a 2-byte token"):
+        dataset[0]

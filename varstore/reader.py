@@ -395,6 +395,7 @@ class Reader(ReaderBase):
         The sequential scan without a Python object per record: values are a
         read-only view of the data file, offsets count from the batch's start.
         """
+        self._check_open()
         if batch_size < 1:
             raise RecordTypeError(f"batch_size must be positive, not {batch_size}", path=self.path)
         for start in range(0, self._count, batch_size):

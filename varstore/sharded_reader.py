@@ -283,6 +283,8 @@ class ShardedReader(ReaderBase):
             position, local = self._locate(index)
             return self.shard(position)[local]
         if isinstance(index, slice):
+            if self._closed:
+                raise ClosedError("the reader is closed", path=self.path)
             start, stop, step = index.indices(self._count)
             if step == 1:
                 return self._read_range(start, stop)

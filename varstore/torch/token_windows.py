@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..errors import RecordIndexError, RecordTypeError
+from ..errors import CorruptRecordError, RecordIndexError, RecordTypeError
 from ..reader import Reader
 from ..sharded_reader import ShardedReader
 from .datasets import OUTPUTS, Output, check_choice
@@ -158,7 +158,15 @@ class TokenWindowDataset(Dataset):
             low = np.searchsorted(document_offsets, (local * itemsize).astype(np.uint64), side="left")
             high = np.searchsorted(document_offsets, ((local + length) * itemsize).astype(np.uint64), side="left")
             counts = (high - low).astype(np.int64)
-            token_positions = document_offsets[_concatenated_ranges(low, counts)].astype(np.int64) // itemsize
+            byte_positions = document_offsets[_concatenated_ranges(low, counts)].astype(np.int64)
+            if (byte_positions % itemsize).any():
+                shard_reader = self._shard(shard)
+                bad = int(byte_positions[(byte_positions % itemsize).argmax()])
+                raise CorruptRecordError(
+                    f"a document starts at byte {bad}, inside a {itemsize}-byte token: the offsets are damaged",
+                    path=shard_reader.index_path,
+                )
+            token_positions = byte_positions // itemsize
             marks[np.repeat(rows, counts), token_positions - np.repeat(local - column, counts)] = True
         return marks
 
