@@ -15,7 +15,7 @@ from varstore.format import HEADER_SIZE
 
 from .helpers_cli import CONSOLE_SCRIPT, assert_one_line_error, flip_byte, run, run_script, write_dataset, write_shard
 
-COMMANDS = ("info", "dump", "verify", "stats", "convert", "merge")
+COMMANDS = ("info", "dump", "verify", "stats", "convert", "merge", "repair")
 
 
 def test_console_script_and_python_module_run_the_same_command_line(tmp_path):
@@ -121,8 +121,10 @@ def test_keyboard_interrupt_inside_a_command_exits_130_in_one_line(capsys, tmp_p
 
     monkeypatch.setattr(varstore, "open", interrupted)
     monkeypatch.setattr(varstore, "ShardedWriter", interrupted)
+    monkeypatch.setattr("varstore.cli.repair.read_manifest", interrupted)
     (tmp_path / "lines.txt").write_text("a\n")
-    arguments = {"convert": [tmp_path / "lines.txt", tmp_path / "out"], "merge": [shard, tmp_path / "out"]}.get(command, [shard])
+    arguments = {"convert": [tmp_path / "lines.txt", tmp_path / "out"], "merge": [shard, tmp_path / "out"],
+                 "repair": [tmp_path]}.get(command, [shard])
     code, out, err = run(capsys, command, *arguments)
     assert code == 130 and out == ""
     assert err == f"varstore {command}: interrupted\n"
