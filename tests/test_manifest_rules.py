@@ -42,3 +42,30 @@ def test_manifest_with_a_duplicated_member_is_refused(tmp_path, before, duplicat
     (tmp_path / MANIFEST_NAME).write_text(forged)
     with pytest.raises(varstore.FormatError, match="appears twice"):
         varstore.open(tmp_path)
+
+
+@pytest.mark.parametrize("member", ['"metadata": {"x": NaN}', '"metadata": {"x": Infinity}', '"metadata": {"x": "\\ud800"}'])
+def test_manifest_json_that_is_not_strict_is_refused(tmp_path, member):
+    text = manifest_text(tmp_path).replace('"metadata": {}', member)
+    assert member in text
+    with pytest.raises(varstore.FormatError, match="not valid UTF-8 JSON"):
+        decode_manifest(text.encode(), path="m")
+
+
+def test_manifest_metadata_nested_past_the_limit_is_refused_when_written_not_only_when_read(tmp_path):
+    with varstore.Writer(tmp_path / "shard-a") as writer:
+        writer.append(b"a")
+    deep: dict = {}
+    for _ in range(70):
+        deep = {"x": deep}
+    with pytest.raises(varstore.FormatError, match="nests"):
+        varstore.write_manifest(tmp_path, metadata=deep)
+    assert not (tmp_path / MANIFEST_NAME).exists()
+
+
+def test_dataset_version_is_the_crc32c_of_the_manifest_bytes(tmp_path):
+    from varstore.checksum import crc32c
+
+    manifest_text(tmp_path)
+    with varstore.open(tmp_path) as dataset:
+        assert dataset.version == crc32c((tmp_path / MANIFEST_NAME).read_bytes())

@@ -166,28 +166,32 @@ def edge_ranges(size: int) -> tuple[tuple[int, int], tuple[int, int]]:
     return (0, length), (size - length, length)
 
 
-def encode_metadata(codec_params: dict[str, Any], user: dict[str, Any]) -> bytes:
-    """The metadata block: canonical JSON, so equal inputs give equal bytes; refuses what a reader would refuse."""
+def dump_strict_json(value: Any, *, what: str, **options: Any) -> bytes:
+    """`value` as UTF-8 JSON that `parse_strict_json` accepts back: finite numbers, Unicode text, at most
+    MAX_METADATA_DEPTH arrays and objects deep (`options` go to json.dumps: key order, spacing)."""
     try:
-        text = json.dumps(
-            {"codec": codec_params, "user": user}, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-            allow_nan=False,
-        )
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, **options)
     except RecursionError:
-        raise FormatError(f"metadata nests deeper than the limit of {MAX_METADATA_DEPTH} arrays and objects") from None
+        raise FormatError(f"{what} nests deeper than the limit of {MAX_METADATA_DEPTH} arrays and objects") from None
     except (TypeError, ValueError) as error:
-        raise FormatError(f"metadata must be JSON-serialisable: {error}") from None
+        raise FormatError(f"{what} must be JSON-serialisable: {error}") from None
     try:
         raw = text.encode("utf-8")
     except UnicodeEncodeError as error:
         raise FormatError(
-            f"metadata holds text that is not valid Unicode (a lone surrogate {text[error.start]!r}), which UTF-8 cannot encode"
+            f"{what} holds text that is not valid Unicode (a lone surrogate {text[error.start]!r}), which UTF-8 cannot encode"
         ) from None
-    if len(raw) > MAX_METADATA_SIZE:
-        raise FormatError(f"metadata is {len(raw)} bytes, over the limit of {MAX_METADATA_SIZE}")
     depth = json_depth(raw)
     if depth > MAX_METADATA_DEPTH:
-        raise FormatError(f"metadata nests {depth} arrays and objects deep, over the limit of {MAX_METADATA_DEPTH}")
+        raise FormatError(f"{what} nests {depth} arrays and objects deep, over the limit of {MAX_METADATA_DEPTH}")
+    return raw
+
+
+def encode_metadata(codec_params: dict[str, Any], user: dict[str, Any]) -> bytes:
+    """The metadata block: canonical JSON, so equal inputs give equal bytes; refuses what a reader would refuse."""
+    raw = dump_strict_json({"codec": codec_params, "user": user}, what="metadata", sort_keys=True, separators=(",", ":"))
+    if len(raw) > MAX_METADATA_SIZE:
+        raise FormatError(f"metadata is {len(raw)} bytes, over the limit of {MAX_METADATA_SIZE}")
     return raw
 
 

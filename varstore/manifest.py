@@ -8,7 +8,6 @@ manifest can point outside it.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import stat
@@ -47,6 +46,9 @@ class Manifest:
     metadata: dict[str, Any]
     shards: list[ShardEntry] = field(default_factory=list)
 
+    version: int = field(default=0, compare=False)
+    """CRC32C of the manifest's bytes as read: which version of the dataset this is (0 for one not read from disk)."""
+
     def encode(self) -> bytes:
         document = {
             "format": MANIFEST_FORMAT,
@@ -55,11 +57,7 @@ class Manifest:
             "metadata": self.metadata,
             "shards": [asdict(entry) for entry in self.shards],
         }
-        try:
-            text = json.dumps(document, sort_keys=True, indent=1, ensure_ascii=False, allow_nan=False)
-        except (TypeError, ValueError) as error:
-            raise FormatError(f"metadata must be JSON-serialisable: {error}") from None
-        return (text + "\n").encode("utf-8")
+        return fmt.dump_strict_json(document, what="the manifest", sort_keys=True, indent=1) + b"\n"
 
 
 def is_valid_shard_name(name: Any) -> bool:
@@ -72,28 +70,9 @@ def _require_int(value: Any, low: int, high: int, what: str, path: str) -> int:
     return value
 
 
-class _DuplicateMember(ValueError):
-    pass
-
-
-def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object, refused if a member name repeats: parsers differ on which one wins."""
-    seen: set[str] = set()
-    for name, _ in pairs:
-        if name in seen:
-            raise _DuplicateMember(f"member {name!r} appears twice in one object")
-        seen.add(name)
-    return dict(pairs)
-
-
 def decode_manifest(raw: bytes, *, path: str) -> Manifest:
     """Parse and validate a manifest; every field is checked before any is trusted."""
-    try:
-        document = json.loads(raw.decode("utf-8"), object_pairs_hook=_object_without_duplicates)
-    except _DuplicateMember as error:
-        raise FormatError(f"manifest is ambiguous: {error}", path=path) from None
-    except (UnicodeDecodeError, ValueError, RecursionError) as error:
-        raise FormatError(f"manifest is not valid UTF-8 JSON: {error}", path=path) from None
+    document = fmt.parse_strict_json(raw, fmt.MAX_METADATA_DEPTH, what="manifest", path=path)
     if not isinstance(document, dict) or document.get("format") != MANIFEST_FORMAT:
         raise FormatError(f'not a varstore manifest: expected "format": "{MANIFEST_FORMAT}"', path=path)
     if type(document.get("version")) is not int or document.get("version") != MANIFEST_VERSION:
@@ -125,7 +104,7 @@ def decode_manifest(raw: bytes, *, path: str) -> Manifest:
         if total >= 1 << 63:
             raise FormatError("the shards hold more than 2**63 - 1 records in total", path=path)
         entries.append(entry)
-    return Manifest(codec["name"], codec["params"], metadata, entries)
+    return Manifest(codec["name"], codec["params"], metadata, entries, version=crc32c(raw))
 
 
 def read_manifest(directory: str) -> Manifest:

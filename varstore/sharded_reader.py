@@ -1,7 +1,7 @@
 """`ShardedReader`: one global index over the shards a manifest lists, each mapped on first use.
 
 A reader pins the dataset version it opened (the CRC32C of the manifest's
-canonical bytes, which the writer wrote exactly). A shard is mapped lazily and
+bytes). A shard is mapped lazily and
 checked against its whole manifest entry (sizes, record count, codec, data and
 index checksums); when that fails and the manifest on disk has changed meanwhile,
 the dataset was replaced under the reader, which raises `DatasetReplacedError`
@@ -54,11 +54,6 @@ def max_open_shards() -> int:
     if soft == resource.RLIM_INFINITY:
         soft = 1 << 20
     return max(_MIN_OPEN_SHARDS, (soft - _SPARE_FILE_DESCRIPTORS) // (2 * _FILES_PER_SHARD))
-
-
-def manifest_version(manifest: Manifest) -> int:
-    """A dataset's version: CRC32C of its manifest's canonical bytes (those the writer committed)."""
-    return crc32c(manifest.encode())
 
 
 def _check_shard_file(path: str, expected_size: int) -> None:
@@ -159,7 +154,7 @@ class ShardedReader(ReaderBase):
             raise next(iter(damaged.values()))
         self._codec = codec_from_stored(manifest.codec, manifest.codec_params, path=self.path)
         self.manifest: Manifest = manifest
-        self._version = manifest_version(manifest)
+        self._version = manifest.version
         self.metadata = manifest.metadata
         if self._quarantine is not None:
             self._quarantine = {position: str(error) for position, error in damaged.items()}
@@ -183,7 +178,7 @@ class ShardedReader(ReaderBase):
                     _check_shard_files(self._absolute_path, entry)
                 except _SHARD_ERRORS as error:
                     damaged[position] = error
-            if not damaged or self._version_on_disk() == manifest_version(manifest):
+            if not damaged or self._version_on_disk() == manifest.version:
                 return manifest, damaged
         raise DatasetReplacedError(
             f"the dataset changed {_OPEN_ATTEMPTS} times while it was being opened; open it again", path=self.path
@@ -192,13 +187,13 @@ class ShardedReader(ReaderBase):
     def _version_on_disk(self) -> int | None:
         """The version of the manifest now on disk, or None if it cannot be read."""
         try:
-            return manifest_version(read_manifest(self._absolute_path))
+            return read_manifest(self._absolute_path).version
         except VarstoreError:
             return None
 
     @property
     def version(self) -> int:
-        """The version this reader opened: CRC32C of the manifest's canonical bytes."""
+        """The version this reader opened: CRC32C of its manifest's bytes."""
         return self._version
 
     def __getstate__(self) -> dict[str, Any]:
