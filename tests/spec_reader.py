@@ -56,7 +56,10 @@ def _decode_array_extension(data: bytes) -> np.ndarray:
     shape = struct.unpack_from(f"<{ndim}Q", data, 2 + k)
     body = data[2 + k + 8 * ndim :]
     _require(int(np.prod(shape, dtype=object)) * np.dtype(dtype).itemsize == len(body), "array length")
-    _require(len(body) > 0 or int(np.prod([dim or 1 for dim in shape], dtype=object)) <= 1 << 24, "empty array extent")
+    if not body:
+        leading = shape[: shape.index(0)] if 0 in shape else shape
+        _require(all(dim <= len(data) for dim in leading), "empty array leading dimensions")
+        _require(int(np.prod([dim or 1 for dim in shape], dtype=object)) <= 1 << 24, "empty array extent")
     return np.frombuffer(body, dtype).reshape(shape)
 
 

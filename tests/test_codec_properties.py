@@ -63,8 +63,10 @@ class Refused(Exception):
 def _little_endian(array: np.ndarray) -> np.ndarray:
     if array.dtype.newbyteorder("<").str not in ALLOWED_DTYPES:
         raise Refused(f"dtype {array.dtype}")
-    if array.size == 0 and math.prod(dim or 1 for dim in array.shape) > 1 << 24:
-        raise Refused(f"empty array of shape {array.shape} claims more than 2**24 elements")
+    if array.size == 0:
+        leading = array.shape[: array.shape.index(0)]
+        if any(dim > 5 + 8 * array.ndim for dim in leading) or math.prod(dim or 1 for dim in array.shape) > 1 << 24:
+            raise Refused(f"empty array of shape {array.shape} claims more than its extension justifies")
     return np.array(array, dtype=array.dtype.newbyteorder("<"), order="C")
 
 
@@ -346,24 +348,24 @@ def test_empty_array_whose_shape_claims_more_than_its_bytes_is_a_damaged_record(
     assert len(ISSUE_RECORD) < 32
     msgpack_shard(tmp_path / "docs", [ISSUE_RECORD])
     with varstore.open(tmp_path / "docs") as reader:
-        with pytest.raises(varstore.CorruptRecordError, match="claims more"):
+        with pytest.raises(varstore.CorruptRecordError, match="claims more than it holds"):
             reader[0]
         with pytest.raises(varstore.CorruptRecordError) as caught:
             reader.verify()
         assert caught.value.records == [0]
     with pytest.raises(ValueError, match="claims more"):
         MsgpackCodec().decode(ISSUE_RECORD, 0, len(ISSUE_RECORD))
-    with pytest.raises(spec_reader.SpecError, match="extent"):
+    with pytest.raises(spec_reader.SpecError, match="empty array"):
         spec_reader.read_shard(str(tmp_path / "docs"))
 
 
-@pytest.mark.parametrize("shape", [(2**33, 0), (0, 2**24 + 1), (0, 4097, 4096), (0,) + (2,) * 30])
+@pytest.mark.parametrize("shape", [(2**33, 0), (2**24, 0), (22, 0), (3, 30, 0), (0, 2**24 + 1), (0, 4097, 4096), (0,) + (2,) * 30])
 def test_empty_array_whose_shape_claims_more_than_its_bytes_is_refused_at_append(tmp_path, shape):
     with pytest.raises(varstore.RecordTypeError, match="empty array"):
         varstore.Writer(tmp_path / "docs", codec="msgpack").append({"x": np.zeros(shape, np.float32)})
 
 
-@pytest.mark.parametrize("shape", [(0,), (0, 768), (0, 17, 3), (0, 480, 640), (2**24, 0), (0, 4096, 4096), (0,) * 31])
+@pytest.mark.parametrize("shape", [(0,), (0, 768), (0, 17, 3), (0, 480, 640), (21, 0), (3, 0, 5), (0, 4096, 4096), (0,) * 31])
 def test_empty_arrays_within_their_bytes_round_trip(tmp_path, shape):
     with varstore.Writer(tmp_path / "docs", codec="msgpack") as writer:
         writer.append({"x": np.zeros(shape, np.float32)})
@@ -523,3 +525,17 @@ def test_float_rounding_nan_and_infinity_are_stored(tmp_path):
         assert reader[0].tolist() == [2.0**31]
         assert same(reader[1], np.array([math.nan, math.inf, -math.inf, 3.4028235e38, -0.0], np.float32))
 
+
+
+@pytest.mark.parametrize("shape", [(2**32 - 1, 2**32 - 1), (2**16,) * 4, (2**21,) * 3])
+def test_trailing_shape_whose_rows_no_array_can_hold_is_refused_by_the_writer(tmp_path, shape):
+    with pytest.raises(varstore.RecordTypeError, match="2\\*\\*63"):
+        varstore.Writer(tmp_path / "rows", codec="ndarray", dtype="int8", shape=shape)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_largest_trailing_shape_the_writer_takes_opens(tmp_path):
+    with varstore.Writer(tmp_path / "rows", codec="ndarray", dtype="int8", shape=(2**21, 2**21, 2**20)):
+        pass
+    with varstore.open(tmp_path / "rows") as reader:
+        assert len(reader) == 0 and reader.shape == (2**21, 2**21, 2**20)

@@ -159,6 +159,13 @@ def test_record_sizes_of_offsets_past_the_data_file_is_a_corrupt_record(tmp_path
     assert caught.value.records == [1, 2]
 
 
+def test_record_sizes_of_array_offsets_off_row_boundaries_is_a_corrupt_record(tmp_path):
+    path = forge_shard(tmp_path / "rows", "ndarray", bytes(16), [0, 4, 16], checksums=False, params={"dtype": "<i8", "shape": []})
+    with pytest.raises(varstore.CorruptRecordError, match="row boundaries") as caught:
+        varstore.open(path).record_sizes()
+    assert caught.value.records == [0]
+
+
 # -- the boundary index ----------------------------------------------------------------------------------------
 
 

@@ -64,6 +64,20 @@ def test_each_codec_becomes_tensors_or_values(tmp_path):
     assert isinstance(sample["parts"][0], torch.Tensor) and sample["parts"][0].tolist() == [1.0, 1.0]
 
 
+def test_deepest_structured_record_the_writer_accepts_becomes_tensors_without_a_recursion_error(tmp_path):
+    record: dict = {"leaf": np.arange(3, dtype=np.int16), "order": [1, {"b": 2, "a": 1}]}
+    for level in range(505):
+        record = {"level": level, "inner": record}
+    with varstore.Writer(tmp_path / "deep", codec="msgpack") as writer:
+        writer.append(record)
+    sample = RecordDataset(tmp_path / "deep")[0]
+    for level in reversed(range(505)):
+        assert sample["level"] == level
+        sample = sample["inner"]
+    assert sample["leaf"].tolist() == [0, 1, 2] and isinstance(sample["leaf"], torch.Tensor)
+    assert sample["order"] == [1, {"b": 2, "a": 1}] and list(sample["order"][1]) == ["b", "a"]
+
+
 def test_transform_runs_on_each_sample(sharded):
     dataset = RecordDataset(sharded, transform=lambda sample: sample.sum())
     assert [int(value) for value in dataset.__getitems__([3, 4])] == [3 * record_length(3), 4 * record_length(4)]

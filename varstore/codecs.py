@@ -30,8 +30,10 @@ from .msgpack_check import MAX_DEPTH, check_msgpack
 
 ARRAY_EXT_TYPE = 1
 MAX_ARRAY_DIMS = 32
-# An empty array's non-zero dimensions may multiply to at most this (spec §2.2): (0, 4096, 4096) is fine, (2**33, 0) is not.
+# An empty array's non-zero dimensions may multiply to at most this (spec §2.2): (0, 4096, 4096) is fine.
 MAX_EMPTY_ARRAY_EXTENT = 1 << 24
+# An ndarray shard's row (itemsize x trailing shape) must fit one numpy array (spec §2.1).
+MAX_ROW_SIZE = (1 << 63) - 1
 
 # The dtypes a shard or a msgpack array may hold, always little-endian on disk.
 ALLOWED_DTYPES = ("|b1", "|i1", "|u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8", "<f2", "<f4", "<f8", "<c8", "<c16")
@@ -116,6 +118,11 @@ class NdarrayCodec(Codec):
         if any(dim < 1 for dim in self.shape) or len(self.shape) >= MAX_ARRAY_DIMS:
             raise RecordTypeError(f"trailing shape {self.shape} must be fewer than {MAX_ARRAY_DIMS} positive sizes")
         self.row_size = self.dtype.itemsize * math.prod(self.shape)
+        if self.row_size > MAX_ROW_SIZE:
+            raise RecordTypeError(
+                f"rows of shape {self.shape} and dtype {self.dtype.str} would be {self.row_size} bytes, "
+                f"more than 2**63 - 1: no array can hold one"
+            )
 
     def params(self) -> dict[str, Any]:
         return {"dtype": self.dtype.str, "shape": list(self.shape)}
@@ -207,18 +214,24 @@ def _pack_array(array: np.ndarray) -> msgpack.ExtType:
     name = dtype.str.encode("ascii")
     head = bytes([len(name)]) + name + bytes([array.ndim]) + struct.pack(f"<{array.ndim}Q", *array.shape)
     data = head + np.ascontiguousarray(array, dtype=dtype).tobytes()
-    if not array.size and _empty_extent(array.shape) > MAX_EMPTY_ARRAY_EXTENT:
-        raise RecordTypeError(
-            f"an empty array of shape {array.shape} cannot be stored: the product of its non-zero dimensions, "
-            f"{_empty_extent(array.shape)}, exceeds {MAX_EMPTY_ARRAY_EXTENT} (spec §2.2)"
-        )
+    if not array.size and (problem := _empty_shape_problem(array.shape, len(data))):
+        raise RecordTypeError(f"an empty array of shape {array.shape} cannot be stored: {problem} (spec §2.2)")
     return msgpack.ExtType(ARRAY_EXT_TYPE, data)
 
 
-def _empty_extent(shape: Sequence[int]) -> int:
-    """The product of `shape` counting zeros as ones: what an empty array's shape claims, which §2.2
-    bounds so that no shape can make a consumer that allocates by shape (e.g. padding) reserve unboundedly."""
-    return math.prod(dim or 1 for dim in shape)
+def _empty_shape_problem(shape: Sequence[int], data_length: int) -> str | None:
+    """What is wrong with the shape of an empty array whose extension data is `data_length` bytes, if anything.
+
+    §2.2 bounds what such a shape claims, so that no consumer that allocates by shape (a padding mask is
+    batch x first dimension) reserves more than the record justifies: the dimensions before the first zero
+    must each be at most `data_length`, and the non-zero dimensions must multiply to at most 2**24."""
+    leading = shape[: list(shape).index(0)] if 0 in shape else shape
+    if any(dim > data_length for dim in leading):
+        return f"a dimension before its first 0 exceeds the {data_length} bytes of its extension"
+    extent = math.prod(dim or 1 for dim in shape)
+    if extent > MAX_EMPTY_ARRAY_EXTENT:
+        return f"its non-zero dimensions multiply to {extent}, more than {MAX_EMPTY_ARRAY_EXTENT}"
+    return None
 
 
 _DTYPES_BY_NAME = {name.encode("ascii"): np.dtype(name) for name in ALLOWED_DTYPES}
@@ -241,8 +254,8 @@ def _unpack_array(data: bytes) -> np.ndarray:
     shape = _SHAPES[ndim].unpack_from(data, name_end + 1)
     if math.prod(shape) * dtype.itemsize != len(data) - body_start:
         raise ValueError(f"array extension of shape {shape} and dtype {dtype.str} does not match its {len(data) - body_start} bytes")
-    if len(data) == body_start and _empty_extent(shape) > MAX_EMPTY_ARRAY_EXTENT:
-        raise ValueError(f"empty array extension of shape {shape} claims more than {MAX_EMPTY_ARRAY_EXTENT} elements")
+    if len(data) == body_start and (problem := _empty_shape_problem(shape, len(data))):
+        raise ValueError(f"empty array extension of shape {shape} claims more than it holds: {problem}")
     return np.frombuffer(data, dtype, offset=body_start).reshape(shape)
 
 
@@ -361,4 +374,7 @@ def codec_from_stored(codec: int | str, params: dict[str, Any], *, path: str) ->
         or not all(type(dim) is int and 1 <= dim < (1 << 32) for dim in shape)
     ):
         raise FormatError(f"stored trailing shape {shape!r} must be a list of positive integers below 2**32", path=path)
-    return NdarrayCodec(dtype, shape)
+    try:
+        return NdarrayCodec(dtype, shape)
+    except RecordTypeError as error:
+        raise FormatError(f"stored codec parameters are impossible: {error}", path=path) from None

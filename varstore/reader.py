@@ -210,7 +210,10 @@ class Reader(ReaderBase):
     def record_sizes(self) -> np.ndarray:
         """Every record's payload size in bytes (computes over all N offsets, checking them as reads do)."""
         self._check_open()
-        return np.diff(self._checked_offsets(0, self._count)).astype(np.int64)
+        offsets = self._checked_offsets(0, self._count)
+        if self._rows is not None and self._count:
+            self._check_rows(np.arange(self._count), offsets[:-1], offsets[1:])
+        return np.diff(offsets).astype(np.int64)
 
     def as_array(self) -> np.ndarray:
         """The whole data file of an ``ndarray`` shard as one read-only array of rows (zero copy)."""

@@ -41,7 +41,8 @@ _FILES_PER_SHARD = 2
 _SPARE_FILE_DESCRIPTORS = 64
 _MIN_OPEN_SHARDS = 8
 _OPEN_ATTEMPTS = 3  # a fresh open that races an overwrite reads the new manifest and tries again, this often
-_SHARD_ERRORS = (FormatError, MissingFileError, StorageError)  # what opening a missing, damaged or replaced shard raises
+# What opening a missing, damaged or replaced shard raises; a StorageError (EMFILE, EIO) is no verdict on the shard.
+_SHARD_ERRORS = (FormatError, MissingFileError)
 
 
 def max_open_shards() -> int:

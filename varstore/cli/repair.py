@@ -15,7 +15,7 @@ import os
 from typing import Any
 
 from ..codecs import codec_from_stored
-from ..errors import VarstoreError
+from ..errors import CorruptRecordError, FormatError, MissingFileError
 from ..locking import lock_directory
 from ..manifest import ShardEntry, commit_manifest_file, read_manifest
 from ..sharded_reader import open_listed_shard, verify_listed_shard
@@ -47,7 +47,7 @@ def _damaged_shards(directory: str) -> tuple[list[ShardEntry], list[tuple[ShardE
         try:
             with open_listed_shard(directory, entry, codec) as reader:
                 verify_listed_shard(reader, entry)
-        except VarstoreError as error:
+        except (FormatError, CorruptRecordError, MissingFileError) as error:  # damage; a StorageError aborts the repair
             damaged.append((entry, " ".join(str(error).split())))
         else:
             intact.append(entry)

@@ -31,14 +31,25 @@ def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
 
 
 def _to_tensors(value: Any) -> Any:
-    """Arrays become tensors (copied: the map is read-only); dicts and lists are converted inside; the rest is kept."""
+    """Arrays become tensors (copied: the map is read-only); dicts and lists are converted inside, without
+    recursion (records nest up to 512 levels); the rest is kept."""
     if isinstance(value, np.ndarray):
         return writable_tensor(value)
-    if isinstance(value, dict):
-        return {key: _to_tensors(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_to_tensors(item) for item in value]
-    return value
+    if not isinstance(value, (dict, list)):
+        return value
+    converted: dict | list = {} if isinstance(value, dict) else [None] * len(value)
+    pending = [(value, converted)]
+    while pending:
+        source, target = pending.pop()
+        for key, item in source.items() if isinstance(source, dict) else enumerate(source):
+            if isinstance(item, np.ndarray):
+                item = writable_tensor(item)
+            elif isinstance(item, (dict, list)):
+                container: dict | list = {} if isinstance(item, dict) else [None] * len(item)
+                pending.append((item, container))
+                item = container
+            target[key] = item
+    return converted
 
 
 def _shard_paths(reader: Reader | ShardedReader) -> list[str]:

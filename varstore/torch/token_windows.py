@@ -80,6 +80,10 @@ class TokenWindowDataset(Dataset):
                 + (f" of dtype {reader.dtype} and trailing shape {reader.shape}" if reader.dtype is not None else ""),
                 path=self.path,
             )
+        if output == "torch" and reader.dtype == np.uint64:
+            raise RecordTypeError(
+                "uint64 token ids may not fit the int64 tensors of output='torch'; use output='numpy'", path=self.path
+            )
         self.seq_len = seq_len
         self.document_starts = document_starts
         self.output = output
