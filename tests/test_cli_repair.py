@@ -66,3 +66,17 @@ def test_a_shard_or_unreadable_manifest_is_a_one_line_error(capsys, tmp_path, da
     code, _, err = run(capsys, "repair", damaged)
     assert_one_line_error(code, err, "manifest is not valid")
     assert code == 1
+
+
+def test_an_os_error_while_checking_a_shard_aborts_the_repair_instead_of_dropping_the_shard(capsys, damaged, monkeypatch):
+    """Running out of file descriptors (or an I/O error) says nothing about a shard: it must not be dropped."""
+    manifest = (damaged / MANIFEST_NAME).read_bytes()
+
+    def out_of_descriptors(*args, **options):
+        raise varstore.StorageError("cannot open: Too many open files", path=str(args[0]))
+
+    monkeypatch.setattr("varstore.cli.repair.open_listed_shard", out_of_descriptors)
+    code, out, err = run(capsys, "repair", damaged, "--write")
+    assert code == 1 and out == ""
+    assert_one_line_error(code, err, "varstore repair", "Too many open files")
+    assert (damaged / MANIFEST_NAME).read_bytes() == manifest

@@ -113,3 +113,26 @@ def test_damaged_records_skipped_in_workers_are_counted_in_the_main_process(tmp_
     seen = read_epoch(dataset, num_workers=2, multiprocessing_context="fork", timeout=LOADER_TIMEOUT)
     assert seen == [index for index in range(40) if index not in (9, 30, 31)]
     assert dataset.skipped_records == {shards[0]: 1, shards[1]: 2}
+
+
+def test_an_os_error_while_mapping_a_shard_raises_and_never_quarantines_it(tmp_path, monkeypatch):
+    """Running out of file descriptors says nothing about the shard: the read fails, and the next one succeeds."""
+    directory = tmp_path / "data"
+    with varstore.ShardedWriter(directory, codec="ndarray", dtype="int32", max_shard_records=SHARD_RECORDS) as writer:
+        writer.extend(np.full(3, index, np.int32) for index in range(2 * SHARD_RECORDS))
+    dataset = RecordDataset(directory, output="numpy", on_damaged="skip")
+    import varstore.sharded_reader as sharded_reader
+
+    real_open = sharded_reader.open_listed_shard
+    failures = iter([True])
+
+    def open_once_out_of_descriptors(*args, **options):
+        if next(failures, False):
+            raise varstore.StorageError("cannot open: Too many open files", path=str(args[0]))
+        return real_open(*args, **options)
+
+    monkeypatch.setattr(sharded_reader, "open_listed_shard", open_once_out_of_descriptors)
+    with pytest.raises(varstore.StorageError, match="Too many open files"):
+        dataset.__getitems__([0, 1])
+    assert [int(sample[0]) for sample in dataset.__getitems__(list(range(2 * SHARD_RECORDS)))] == list(range(2 * SHARD_RECORDS))
+    assert dataset.skipped_records == {}
