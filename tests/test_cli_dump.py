@@ -188,6 +188,16 @@ def test_non_finite_float_spelling_is_the_one_the_spec_gives(capsys, tmp_path):
     assert lines[1]["record"] == {"$array": {"dtype": "<f4", "shape": [1], "values": [{"$float": "NaN"}]}}
 
 
+def test_maps_with_integer_keys_keep_every_member_in_json(capsys, tmp_path):
+    from varstore.record_json import from_json
+
+    record = {1: "int key", "1": "str key", "inner": {2: [b"\x00"]}}
+    shard = write_shard(tmp_path / "keys", [record], codec="msgpack")
+    (line,) = run_json_lines(capsys, "dump", shard)
+    assert line["record"] == {"$map": [[1, "int key"], ["1", "str key"], ["inner", {"$map": [[2, [{"$bytes": "00"}]]]}]]}
+    assert from_json(line["record"]) == record
+
+
 def _nested(depth: int, make) -> object:
     value: object = []
     for _ in range(depth - 1):

@@ -3,8 +3,10 @@
 bytes are ``{"$bytes": "hex"}``; numpy arrays and scalars are
 ``{"$array": {"dtype": "<u2", "shape": [...], "values": [flat C-order values]}}``
 with complex values as [real, imaginary] pairs; a float that is not finite is
-``{"$float": "NaN" | "Infinity" | "-Infinity"}``, also among array values, so
-every spelling parses with a strict JSON parser; everything else is JSON as is.
+``{"$float": "NaN" | "Infinity" | "-Infinity"}``, also among array values; a map
+with an integer key is ``{"$map": [[key, value], ...]}`` in its order, since JSON
+names are strings ({1: a, "1": b} holds two keys). Every spelling parses with a
+strict JSON parser; everything else is JSON as is.
 """
 
 from __future__ import annotations
@@ -40,7 +42,9 @@ def to_json(record: Any) -> Any:
         values = [_array_value_to_json(value) for value in array.reshape(-1).tolist()]
         return {"$array": {"dtype": canonical_dtype(array.dtype).str, "shape": list(array.shape), "values": values}}
     if isinstance(record, dict):
-        return {str(key): to_json(value) for key, value in record.items()}
+        if all(isinstance(key, str) for key in record):
+            return {key: to_json(value) for key, value in record.items()}
+        return {"$map": [[key, to_json(value)] for key, value in record.items()]}
     if isinstance(record, (list, tuple)):
         return [to_json(value) for value in record]
     if isinstance(record, float):
@@ -63,6 +67,8 @@ def from_json(value: Any) -> Any:
             return bytes.fromhex(value["$bytes"])
         if set(value) == {"$float"}:
             return _float_from_json(value)
+        if set(value) == {"$map"}:
+            return {key: from_json(item) for key, item in value["$map"]}
         if set(value) == {"$array"}:
             spec = value["$array"]
             dtype = canonical_dtype(spec["dtype"])
