@@ -63,9 +63,10 @@ def test_manifest_metadata_nested_past_the_limit_is_refused_when_written_not_onl
     assert not (tmp_path / MANIFEST_NAME).exists()
 
 
-def test_dataset_version_is_the_crc32c_of_the_manifest_bytes(tmp_path):
-    from varstore.checksum import crc32c
+def test_dataset_version_is_a_blake2b_digest_of_the_manifest_bytes(tmp_path):
+    import hashlib
 
     manifest_text(tmp_path)
+    digest = hashlib.blake2b((tmp_path / MANIFEST_NAME).read_bytes(), digest_size=16).digest()
     with varstore.open(tmp_path) as dataset:
-        assert dataset.version == crc32c((tmp_path / MANIFEST_NAME).read_bytes())
+        assert dataset.version == int.from_bytes(digest, "little")

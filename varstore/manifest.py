@@ -8,6 +8,8 @@ manifest can point outside it.
 
 from __future__ import annotations
 
+import hashlib
+import dataclasses
 import os
 import re
 import stat
@@ -47,7 +49,8 @@ class Manifest:
     shards: list[ShardEntry] = field(default_factory=list)
 
     version: int = field(default=0, compare=False)
-    """CRC32C of the manifest's bytes as read: which version of the dataset this is (0 for one not read from disk)."""
+    """BLAKE2b-128 digest of the manifest's bytes as read: which version of the dataset this is (0 for one not
+    read from disk). A cryptographic digest, so no crafted replacement passes for the version a reader pinned."""
 
     def encode(self) -> bytes:
         document = {
@@ -58,6 +61,11 @@ class Manifest:
             "shards": [asdict(entry) for entry in self.shards],
         }
         return fmt.dump_strict_json(document, what="the manifest", sort_keys=True, indent=1) + b"\n"
+
+
+def manifest_digest(raw: bytes) -> int:
+    """The version of a dataset: BLAKE2b-128 of its manifest's bytes, as an integer."""
+    return int.from_bytes(hashlib.blake2b(raw, digest_size=16).digest(), "little")
 
 
 def is_valid_shard_name(name: Any) -> bool:
@@ -104,7 +112,7 @@ def decode_manifest(raw: bytes, *, path: str) -> Manifest:
         if total >= 1 << 63:
             raise FormatError("the shards hold more than 2**63 - 1 records in total", path=path)
         entries.append(entry)
-    return Manifest(codec["name"], codec["params"], metadata, entries, version=crc32c(raw))
+    return Manifest(codec["name"], codec["params"], metadata, entries, version=manifest_digest(raw))
 
 
 def read_manifest(directory: str) -> Manifest:
@@ -129,8 +137,53 @@ def read_manifest(directory: str) -> Manifest:
     return decode_manifest(raw, path=path)
 
 
+def checked_manifest_bytes(manifest: Manifest, *, path: str) -> bytes:
+    """`manifest` encoded, refused (`FormatError`) unless every reader would accept it back as it is.
+
+    Writers check with the reader's own rules (`decode_manifest`) before committing,
+    so a manifest with a duplicate or invalid shard name, metadata keys that JSON
+    would turn into strings, or a size over `MAX_MANIFEST_SIZE` is never published.
+    """
+    _require_string_keys(manifest.metadata, "manifest metadata", path)
+    _require_string_keys(manifest.codec_params, "codec parameters", path)
+    raw = manifest.encode()
+    if len(raw) > MAX_MANIFEST_SIZE:
+        raise FormatError(
+            f"a manifest of {len(manifest.shards)} shards is {len(raw)} bytes, over the limit of {MAX_MANIFEST_SIZE}; "
+            "write fewer, larger shards",
+            path=path,
+        )
+    decode_manifest(raw, path=path)
+    return raw
+
+
+def _require_string_keys(value: Any, what: str, path: str) -> None:
+    """Refuse object keys that are not str: JSON would silently turn ``{1: 2}`` into ``{"1": 2}``."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise FormatError(f"{what} has the key {key!r}: JSON object keys must be strings", path=path)
+            _require_string_keys(item, what, path)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _require_string_keys(item, what, path)
+
+
+def shard_entry_size_bound(name: str) -> int:
+    """Bytes that listing shard `name` can add to an encoded manifest, at most (whatever its sizes and checksums)."""
+    largest = ShardEntry(name, (1 << 63) - 1, (1 << 63) - 1, (1 << 63) - 1, _U32 - 1, _U32 - 1)
+    empty = Manifest("", {}, {})
+    return len(dataclasses.replace(empty, shards=[largest]).encode()) - len(empty.encode()) + 8
+
+
 def commit_manifest_file(directory: str, manifest: Manifest, *, overwrite: bool = False) -> None:
-    """Commit `manifest` atomically: temporary file, fsync, then its final name ``manifest.json``.
+    """Check `manifest` as a reader would (`checked_manifest_bytes`), then commit it with `commit_manifest_bytes`."""
+    final = os.path.join(directory, MANIFEST_NAME)
+    commit_manifest_bytes(directory, checked_manifest_bytes(manifest, path=final), overwrite=overwrite)
+
+
+def commit_manifest_bytes(directory: str, raw: bytes, *, overwrite: bool = False) -> None:
+    """Commit the checked manifest bytes `raw` atomically: temporary file, fsync, then its final name ``manifest.json``.
 
     Naming it is the commit point: a failure before leaves the previous manifest
     untouched. Without `overwrite` an existing manifest is never replaced
@@ -139,9 +192,6 @@ def commit_manifest_file(directory: str, manifest: Manifest, *, overwrite: bool 
     """
     final = os.path.join(directory, MANIFEST_NAME)
     temporary = temporary_path(final)
-    raw = manifest.encode()
-    if len(raw) > MAX_MANIFEST_SIZE:
-        raise FormatError(f"manifest of {len(manifest.shards)} shards exceeds {MAX_MANIFEST_SIZE} bytes", path=final)
     try:
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:

@@ -96,9 +96,9 @@ def require_version(reader: ReaderBase, expected: int) -> None:
 
 def replaced_error(kind: str, path: str, expected: int, found: int | None) -> DatasetReplacedError:
     """The error for the `kind` ("dataset" or "shard") at `path` changed after a reader opened version `expected`."""
-    now = f"{found:#010x}" if found is not None else "unreadable"
+    now = f"{found:#x}" if found is not None else "unreadable"
     return DatasetReplacedError(
-        f"the {kind} was replaced after this reader opened it (opened version {expected:#010x}, now {now}); "
+        f"the {kind} was replaced after this reader opened it (opened version {expected:#x}, now {now}); "
         "open it again",
         path=path,
     )

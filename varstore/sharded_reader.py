@@ -1,7 +1,7 @@
 """`ShardedReader`: one global index over the shards a manifest lists, each mapped on first use.
 
-A reader pins the dataset version it opened (the CRC32C of the manifest's
-bytes). A shard is mapped lazily and
+A reader pins the dataset version it opened (a BLAKE2b-128 digest of the
+manifest's bytes). A shard is mapped lazily and
 checked against its whole manifest entry (sizes, record count, codec, data and
 index checksums); when that fails and the manifest on disk has changed meanwhile,
 the dataset was replaced under the reader, which raises `DatasetReplacedError`
@@ -194,7 +194,7 @@ class ShardedReader(ReaderBase):
 
     @property
     def version(self) -> int:
-        """The version this reader opened: CRC32C of its manifest's bytes."""
+        """The version this reader opened: BLAKE2b-128 of its manifest's bytes."""
         return self._version
 
     def __getstate__(self) -> dict[str, Any]:
