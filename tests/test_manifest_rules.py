@@ -70,3 +70,31 @@ def test_dataset_version_is_a_blake2b_digest_of_the_manifest_bytes(tmp_path):
     digest = hashlib.blake2b((tmp_path / MANIFEST_NAME).read_bytes(), digest_size=16).digest()
     with varstore.open(tmp_path) as dataset:
         assert dataset.version == int.from_bytes(digest, "little")
+
+
+def test_open_dataset_holds_its_manifest_within_the_stated_bound(tmp_path):
+    """spec §3: parsing a manifest takes at most 48x its size, and the open dataset keeps no more than that."""
+    import gc
+    import tracemalloc
+
+    with varstore.Writer(tmp_path / "shard-a") as writer:
+        writer.append(b"a")
+    chain: list = []
+    for _ in range(60):  # as deep as the limit allows inside {"metadata": {"x": [...]}}
+        chain = [chain]
+    varstore.write_manifest(tmp_path, metadata={"x": [chain] * 4000})
+    compact = json.dumps(json.loads((tmp_path / MANIFEST_NAME).read_text()), separators=(",", ":"))
+    (tmp_path / MANIFEST_NAME).write_text(compact)  # as a hostile writer would: no white space, most objects per byte
+    size = len(compact)
+    assert size > 400_000
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        dataset = varstore.open(tmp_path)
+        held, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak - before <= 48 * size + (1 << 20)
+    assert held - before <= 48 * size + (1 << 20)
+    assert len(dataset.metadata["x"]) == 4000
