@@ -9,6 +9,8 @@ import pytest
 import varstore
 from varstore.manifest import MANIFEST_NAME, decode_manifest
 
+from .test_reader_metadata import traced_open
+
 
 def manifest_text(tmp_path) -> str:
     with varstore.ShardedWriter(tmp_path, max_shard_records=1) as writer:
@@ -74,9 +76,6 @@ def test_dataset_version_is_a_blake2b_digest_of_the_manifest_bytes(tmp_path):
 
 def test_open_dataset_holds_its_manifest_within_the_stated_bound(tmp_path):
     """spec §3: parsing a manifest takes at most 48x its size, and the open dataset keeps no more than that."""
-    import gc
-    import tracemalloc
-
     with varstore.Writer(tmp_path / "shard-a") as writer:
         writer.append(b"a")
     chain: list = []
@@ -87,14 +86,7 @@ def test_open_dataset_holds_its_manifest_within_the_stated_bound(tmp_path):
     (tmp_path / MANIFEST_NAME).write_text(compact)  # as a hostile writer would: no white space, most objects per byte
     size = len(compact)
     assert size > 400_000
-    gc.collect()
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        dataset = varstore.open(tmp_path)
-        held, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert peak - before <= 48 * size + (1 << 20)
-    assert held - before <= 48 * size + (1 << 20)
+    dataset, peak, held = traced_open(str(tmp_path))
+    assert peak <= 48 * size + (1 << 20)
+    assert held <= 48 * size + (1 << 20)
     assert len(dataset.metadata["x"]) == 4000

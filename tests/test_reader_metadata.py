@@ -105,7 +105,7 @@ def _worst_case_metadata(size: int) -> bytes:
     return head + b",".join([chain] * ((size - len(head) - len(tail)) // (len(chain) + 1))) + tail
 
 
-def _traced_open(path: str) -> tuple[varstore.Reader, int, int]:
+def traced_open(path: str) -> tuple[varstore.Reader, int, int]:
     """(reader, peak bytes allocated while opening, bytes still held once open)."""
     gc.collect()
     tracemalloc.start()
@@ -124,8 +124,8 @@ def test_open_shard_holds_no_parsed_metadata_and_parses_it_within_the_stated_bou
         (tmp_path / name).mkdir()
     big = forged_shard(tmp_path / "big", metadata)
     small = forged_shard(tmp_path / "small", b'{"codec":{},"user":{}}')
-    big_reader, big_peak, big_held = _traced_open(big)
-    small_reader, _, small_held = _traced_open(small)
+    big_reader, big_peak, big_held = traced_open(big)
+    small_reader, _, small_held = traced_open(small)
     assert big_peak <= PARSE_FACTOR * len(metadata) + (1 << 20)
     assert big_held - small_held < 16 << 10, "an open shard must not keep its parsed metadata"
     assert len(big_reader.metadata["x"]) == metadata.count(b",")  # parsed on demand, from the map
