@@ -7,6 +7,12 @@ refused can name it. The file is unlinked on release; a writer that locked a
 file just as its holder unlinked it notices that the path no longer names the
 file it locked and starts over, so two writers never both hold "the" lock.
 
+Lock files are opened without following symlinks and without blocking, and
+anything but a regular file at a lock path is refused, so a planted symlink or
+FIFO can neither redirect the writes nor hang a writer. A lock object belongs
+to the process that took it: a forked child inherits the flock but never
+releases or unlinks it, so a child's exit cannot unlock its parent.
+
 ``flock`` is advisory and local to one kernel: writers on different machines
 sharing a network filesystem are excluded only where that filesystem forwards
 ``flock`` (NFSv4 on Linux does; some FUSE and SMB mounts silently do not).
@@ -18,6 +24,7 @@ import errno
 import fcntl
 import os
 import socket
+import stat
 import time
 from typing import Any
 
@@ -26,7 +33,8 @@ from .errors import ConcurrentWriterError, StorageError
 LOCK_SUFFIX = ".varstore-lock"
 DIRECTORY_LOCK_NAME = LOCK_SUFFIX
 _HOLDER_BYTES = 256
-_PROBE_RETRIES = 3
+_PROBE_RETRIES = 1000
+_OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def directory_lock_path(directory: str) -> str:
@@ -48,7 +56,9 @@ class WriterLock:
 
     def __init__(self, path: str, what: str) -> None:
         self.path = path
+        self._pid = os.getpid()
         self._fd = -1
+        self._writable = True
         while self._fd < 0:
             fd = self._open()
             try:
@@ -67,6 +77,8 @@ class WriterLock:
                 self._fd = fd
             else:
                 os.close(fd)  # the previous holder unlinked it between our open and our lock: try again
+        if not self._writable:
+            return  # another user's file left by a dead writer: locked, but the holder stays unnamed
         try:
             os.ftruncate(self._fd, 0)
             os.pwrite(self._fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
@@ -75,24 +87,36 @@ class WriterLock:
             raise StorageError(f"cannot write the writer lock: {error.strerror or error}", path=path) from None
 
     def _open(self) -> int:
+        """Open (creating) the lock file; read-only if it is another user's, since flock needs no write access."""
         try:
-            return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _OPEN_FLAGS, 0o644)
+            self._writable = True
+        except PermissionError as denied:
+            try:
+                fd = os.open(self.path, os.O_RDONLY | _OPEN_FLAGS)
+            except OSError:
+                raise _open_error(denied, "cannot create the writer lock", self.path) from None
+            self._writable = False
         except OSError as error:
-            raise StorageError(f"cannot create the writer lock: {error.strerror or error}", path=self.path) from None
+            raise _open_error(error, "cannot create the writer lock", self.path) from None
+        _refuse_unless_regular(fd, self.path)
+        return fd
 
     @property
     def held(self) -> bool:
         return self._fd >= 0
 
     def release(self) -> None:
-        """Unlink the lock file, then let go of the lock; a second call does nothing."""
-        if self._fd < 0:
+        """Unlink the lock file (if the path still names it), then let go of the lock; a second call, or a call
+        in a forked child, does nothing."""
+        if self._fd < 0 or os.getpid() != self._pid:
             return
         fd, self._fd = self._fd, -1
-        try:
-            os.unlink(self.path)
-        except OSError:
-            pass
+        if _names_same_file(fd, self.path):
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
         os.close(fd)
 
     def __enter__(self) -> "WriterLock":
@@ -118,11 +142,12 @@ def lock_shard(prefix: str) -> WriterLock:
 def is_locked(path: str) -> bool:
     """Whether a live writer holds the lock file `path` (for cleanup that must not touch a live writer's files)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | _OPEN_FLAGS)
     except FileNotFoundError:
         return False
     except OSError as error:
-        raise StorageError(f"cannot check the writer lock: {error.strerror or error}", path=path) from None
+        raise _open_error(error, "cannot check the writer lock", path) from None
+    _refuse_unless_regular(fd, path)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError:
@@ -133,15 +158,36 @@ def is_locked(path: str) -> bool:
 
 
 def _flock_exclusive(fd: int) -> None:
-    """Take the exclusive lock without waiting for a writer, but past an `is_locked` probe, which holds a
-    shared lock for microseconds: a few tries a millisecond apart tell the two apart."""
+    """Take the exclusive lock without waiting for a writer, but past `is_locked` probes, which hold shared
+    locks for microseconds: while a shared lock can be had, no writer holds the file, so try again."""
     for _ in range(_PROBE_RETRIES):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return
         except BlockingIOError:
-            time.sleep(0.001)
+            pass
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # refused: a writer holds the exclusive lock
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        time.sleep(0.001)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def _refuse_unless_regular(fd: int, path: str) -> None:
+    """Close `fd` and raise if it is not a regular file: a FIFO or device at a lock path is no lock file."""
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError as error:
+        os.close(fd)
+        raise StorageError(f"cannot check the writer lock: {error.strerror or error}", path=path) from None
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise StorageError("the writer lock is not a regular file; remove it if no writer is running", path=path)
+
+
+def _open_error(error: OSError, action: str, path: str) -> StorageError:
+    if error.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
+        return StorageError(f"{action}: it is a symbolic link; remove it if no writer is running", path=path)
+    return StorageError(f"{action}: {error.strerror or error}", path=path)
 
 
 def _names_same_file(fd: int, path: str) -> bool:
