@@ -151,6 +151,22 @@ def test_extend_flat_with_lengths_that_do_not_cover_values_is_refused(tmp_path):
             writer.extend_flat(np.arange(10, dtype=np.uint16), [3, 3])
 
 
+def test_extend_flat_copies_non_contiguous_bytes_values_like_append(tmp_path):
+    """Regression (attack a08): a strided buffer raised a raw TypeError from memoryview.cast."""
+    strided = np.arange(16, dtype=np.uint8).reshape(4, 4)[:, ::2]
+    with varstore.Writer(tmp_path / "docs") as writer:
+        writer.extend_flat(strided, [3, 5])
+        writer.append(memoryview(strided))
+    with varstore.open(tmp_path / "docs") as shard:
+        assert [shard[i] for i in range(3)] == [strided.tobytes()[:3], strided.tobytes()[3:], strided.tobytes()]
+
+
+def test_extend_flat_refuses_values_that_are_not_bytes_like(tmp_path):
+    with varstore.Writer(tmp_path / "docs") as writer:
+        with pytest.raises(varstore.RecordTypeError, match="bytes-like object, not list"):
+            writer.extend_flat([1, 2], [2])
+
+
 def test_writer_creates_missing_parent_directories(tmp_path):
     with varstore.Writer(tmp_path / "a" / "b" / "docs") as writer:
         writer.append(b"x")

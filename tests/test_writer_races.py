@@ -12,7 +12,8 @@ from typing import Any, Callable
 import pytest
 
 import varstore
-from varstore.storage import TEMP_MARK
+from varstore.locking import lock_directory
+from varstore.storage import TEMP_MARK, temporary_path
 
 from .helpers_reliability import assert_store_holds, make_records
 
@@ -188,6 +189,43 @@ def test_standalone_writer_cannot_take_the_shard_a_sharded_writer_is_writing(tmp
     child.send("go")
     assert child.finish() == ("ok", None)
     assert_store_holds(tmp_path, RECORDS)
+
+
+def hold_directory_with_a_temporary_copy(directory: Path) -> Callable[[Any], Any]:
+    """What `varstore merge --copy` does: hold only the directory lock while copying a shard under a temporary name."""
+
+    def work(connection: Any) -> None:
+        with lock_directory(str(directory)):
+            copy = temporary_path(str(directory / "shard-000000.data"))
+            with open(copy, "wb") as file:
+                file.write(b"copying")
+            connection.send(copy)
+            connection.recv()
+            assert open(copy, "rb").read() == b"copying"
+            os.unlink(copy)
+
+    return work
+
+
+def test_cleanup_leaves_every_temporary_file_alone_while_another_process_holds_the_directory_lock(tmp_path):
+    """Regression (attack a05): `verify --remove-temporary` deleted a running merge's temporary copy, named like
+    a shard temporary whose shard lock the merge (holding only the directory lock) does not take."""
+    child = Child(hold_directory_with_a_temporary_copy(tmp_path))
+    copy = child.receive()
+    assert varstore.remove_temporary_files(str(tmp_path)) == []
+    assert os.path.exists(copy)
+    child.send("go")
+    assert child.finish() == ("ok", None)
+
+
+def test_cleanup_by_the_directory_lock_holder_spares_only_temporaries_of_locked_shards(tmp_path):
+    leftover = temporary_path(str(tmp_path / "shard-000001.data"))
+    open(leftover, "wb").close()
+    with lock_directory(str(tmp_path)):
+        with varstore.Writer(tmp_path / "shard-000000") as writer:
+            writer.extend(RECORDS)
+            assert varstore.remove_temporary_files(str(tmp_path), holding_directory_lock=True) == [leftover]
+    assert_store_holds(tmp_path / "shard-000000", RECORDS)
 
 
 @pytest.mark.parametrize("killed_writer", ["ShardedWriter", "Writer"])

@@ -27,19 +27,23 @@ def temporary_path(final_path: str) -> str:
 def remove_temporary_files(directory: str, *, holding_directory_lock: bool = False) -> list[str]:
     """Delete the temporary files that interrupted writers left in `directory`; returns their paths.
 
-    A temporary file whose writer is alive (its shard's or its directory's lock is
-    held) is left alone: writers take their lock before creating any temporary file.
-    A writer that holds the directory lock itself says so with `holding_directory_lock`.
+    Nothing is deleted while another process holds the directory's lock: a dataset
+    writer, merge or repair may own any temporary file there. A temporary shard file
+    whose shard lock is held is left alone too: writers take their lock before
+    creating any temporary file. A writer that holds the directory lock itself says
+    so with `holding_directory_lock`.
     """
-    removed = []
-    own_lock = directory_lock_path(directory) if holding_directory_lock else None
+    removed: list[str] = []
     try:
         names = os.listdir(directory)
     except FileNotFoundError:
         return removed
+    # Listed before the lock is checked: a writer that locks the directory later creates only new names.
+    if not holding_directory_lock and is_locked(directory_lock_path(directory)):
+        return removed
     for path in sorted(os.path.join(directory, name) for name in names if TEMP_MARK in name):
-        lock = _owner_lock_path(path)
-        if lock != own_lock and is_locked(lock):
+        shard_lock = _shard_lock_path(path)
+        if shard_lock is not None and is_locked(shard_lock):
             continue
         try:
             os.unlink(path)
@@ -49,13 +53,13 @@ def remove_temporary_files(directory: str, *, holding_directory_lock: bool = Fal
     return removed
 
 
-def _owner_lock_path(temporary: str) -> str:
-    """The lock a live writer of the temporary file `temporary` holds: its shard's, else its directory's."""
+def _shard_lock_path(temporary: str) -> str | None:
+    """The lock a live writer of the temporary shard file `temporary` holds; None for other temporary files."""
     final = temporary[: temporary.index(TEMP_MARK, len(os.path.dirname(temporary)))]
     for suffix in _SHARD_FILE_SUFFIXES:
         if final.endswith(suffix):
             return shard_lock_path(final[: -len(suffix)])
-    return directory_lock_path(os.path.dirname(final))
+    return None
 
 
 def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:

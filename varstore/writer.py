@@ -43,7 +43,11 @@ def flat_payloads(codec: Codec, values: Any, lengths: Any) -> tuple[bytes | byte
         payload = codec.encode(values)
         row_size = codec.row_size  # type: ignore[attr-defined]
     else:
-        payload = memoryview(values).cast("B")
+        try:
+            view = memoryview(values)
+        except TypeError:
+            raise RecordTypeError(f"extend_flat on a bytes shard takes a bytes-like object, not {type(values).__name__}") from None
+        payload = view.cast("B") if view.c_contiguous else view.tobytes()  # copied, as `append` does
         row_size = 1
     if not lengths.size:
         ends = np.zeros(0, np.int64)
@@ -81,6 +85,7 @@ class Writer:
         checksums: bool = True,
         overwrite: bool = False,
     ) -> None:
+        self._pid = os.getpid()
         self.path = os.fspath(path)
         if not os.path.basename(self.path):
             raise VarstoreError("a shard path needs a file name, e.g. 'out/docs'; use ShardedWriter for a directory", path=self.path)
@@ -302,6 +307,10 @@ class Writer:
             self.abort()
 
     def __del__(self) -> None:
+        """A writer dropped unclosed is discarded, but only by its own process: a forked child's copy leaves the
+        parent's temporary files and lock alone."""
+        if getattr(self, "_pid", None) != os.getpid():
+            return
         if not getattr(self, "_closed", True):
             self._discard()
         elif getattr(self, "_lock", None) is not None:
