@@ -18,8 +18,8 @@ from .helpers_tmpfs import fill, mounted_tmpfs
 RECORDS = make_records(41, 60, 200)
 
 
-def assert_refuses_everything(writer: varstore.ShardedWriter, failed_shard: str, safe: int) -> None:
-    message = rf"refused: shard {failed_shard} failed .*{safe} records are safely committed.*resume=True"
+def assert_refuses_everything(writer: varstore.ShardedWriter, failed: str, safe: int) -> None:
+    message = rf"refused: {failed} failed .*{safe} records are safely committed.*resume=True"
     with pytest.raises(varstore.VarstoreError, match=message):
         writer.append(b"after the failure")
     with pytest.raises(varstore.VarstoreError, match=message):
@@ -46,7 +46,7 @@ def test_failed_commit_at_a_rollover_refuses_further_records_and_resume_stores_e
         with pytest.raises(varstore.StorageError, match=r"shard shard-000001 failed .*No space left.*10 records are safely committed in shards shard-000000 to shard-000000"):
             writer.extend(RECORDS)
     assert len(writer) == 20
-    assert_refuses_everything(writer, "shard-000001", 10)
+    assert_refuses_everything(writer, "shard shard-000001", 10)
     writer.abort()  # keeps the committed shard after a failure
     assert final_index_names(tmp_path) == ["shard-000000"]
     resume_to_the_end(tmp_path, 10, max_shard_records=10)
@@ -55,9 +55,9 @@ def test_failed_commit_at_a_rollover_refuses_further_records_and_resume_stores_e
 def test_failed_manifest_commit_keeps_the_shards_for_a_resume(tmp_path):
     writer = varstore.ShardedWriter(tmp_path, max_shard_records=25)
     writer.extend(RECORDS)
-    with failing_call("link", 3, errno.ENOSPC), pytest.raises(varstore.StorageError, match="shard manifest.json failed"):
+    with failing_call("link", 3, errno.ENOSPC), pytest.raises(varstore.StorageError, match="the manifest commit failed"):
         writer.close()
-    assert_refuses_everything(writer, "manifest.json", 60)
+    assert_refuses_everything(writer, "the manifest commit", 60)
     resume_to_the_end(tmp_path, 60, max_shard_records=25)
 
 
@@ -67,7 +67,7 @@ def test_write_error_in_extend_flat_fails_the_writer(tmp_path):
     payload = b"".join(RECORDS[15:])
     with failing_call("write", 1, errno.EIO), pytest.raises(varstore.StorageError, match="shard shard-000001 failed"):
         writer.extend_flat(payload, [len(record) for record in RECORDS[15:]])
-    assert_refuses_everything(writer, "shard-000001", 10)
+    assert_refuses_everything(writer, "shard shard-000001", 10)
     del writer  # dropped without abort: its lock goes, its shards stay
     resume_to_the_end(tmp_path, 10, max_shard_records=10)
 
@@ -81,7 +81,7 @@ def test_full_tmpfs_at_a_rollover_refuses_further_records_and_resume_stores_each
         with pytest.raises(varstore.StorageError, match=r"shard shard-000001 failed .*No space left"):
             writer.extend(RECORDS[25:])
         os.unlink(root / "filler")  # the caller frees space and tries again
-        assert_refuses_everything(writer, "shard-000001", 20)
+        assert_refuses_everything(writer, "shard shard-000001", 20)
         assert final_index_names(directory) == ["shard-000000"]
         resume_to_the_end(directory, 20, max_shard_records=20)
         assert np.sum([len(record) for record in varstore.open(directory)]) == sum(map(len, RECORDS))

@@ -90,3 +90,28 @@ def test_open_dataset_holds_its_manifest_within_the_stated_bound(tmp_path):
     assert peak <= 48 * size + (1 << 20)
     assert held <= 48 * size + (1 << 20)
     assert len(dataset.metadata["x"]) == 4000
+
+
+def test_write_manifest_refuses_a_manifest_readers_would_refuse_and_keeps_the_good_one(tmp_path):
+    """Regression (a24): write_manifest(d, ["a", "a"], overwrite=True) replaced a good manifest by an unreadable one."""
+    with varstore.Writer(tmp_path / "a") as writer:
+        writer.append(b"x")
+    varstore.write_manifest(tmp_path)
+    good = (tmp_path / MANIFEST_NAME).read_bytes()
+    with pytest.raises(varstore.FormatError, match="listed twice"):
+        varstore.write_manifest(tmp_path, ["a", "a"], overwrite=True)
+    assert (tmp_path / MANIFEST_NAME).read_bytes() == good
+    assert list(varstore.open(tmp_path)) == [b"x"]
+
+
+@pytest.mark.parametrize("metadata", [{1: 2}, {"nested": [{2.5: "x"}]}])
+def test_manifest_metadata_keys_that_json_would_turn_into_strings_are_refused(tmp_path, metadata):
+    """Regression (a24): metadata={1: 2} was committed and read back as {"1": 2}."""
+    with varstore.Writer(tmp_path / "a") as writer:
+        writer.append(b"x")
+    with pytest.raises(varstore.FormatError, match="keys must be strings"):
+        varstore.write_manifest(tmp_path, metadata=metadata)
+    with pytest.raises(varstore.FormatError, match="keys must be strings"):
+        varstore.ShardedWriter(tmp_path / "sharded", metadata=metadata)
+    assert not (tmp_path / MANIFEST_NAME).exists()
+    assert not (tmp_path / "sharded").exists()

@@ -7,7 +7,9 @@ CRC32C of that manifest's bytes; null for a new dataset). Each further line says
 that a shard name was begun, or that a shard was committed with a given manifest
 entry. Lines are appended and fsynced; each carries its own CRC32C, so a line
 torn by a crash (and everything after it) is ignored. A new run starts a new
-journal; the run's manifest commit ends it.
+journal, and a resume replaces the journal by a new file holding exactly its
+valid lines before appending (never appending after a torn line, nor through a
+hard link shared with a snapshot); the run's manifest commit ends it.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ import stat
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from . import manifest
 from .checksum import crc32c
-from .errors import RecordTypeError
-from .manifest import MANIFEST_NAME, MAX_MANIFEST_SIZE, ShardEntry, is_valid_shard_name
+from .errors import FormatError, RecordTypeError
+from .manifest import MANIFEST_NAME, ShardEntry, is_valid_shard_name
 from .storage import fsync_directory, remove_quietly, temporary_path, write_all
 
 JOURNAL_NAME = ".varstore-journal"
@@ -63,7 +66,7 @@ def manifest_identity(directory: str) -> int | None:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             return -1
-        return crc32c(os.pread(fd, MAX_MANIFEST_SIZE + 1, 0))
+        return crc32c(os.pread(fd, manifest.MAX_MANIFEST_SIZE + 1, 0))
     finally:
         os.close(fd)
 
@@ -84,11 +87,24 @@ def _parse_line(line: bytes) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
+def max_journal_size() -> int:
+    """A run's journal lines per shard are smaller than twice its manifest entry, so a larger journal is no writer's."""
+    return 2 * manifest.MAX_MANIFEST_SIZE
+
+
 def read_journal(directory: str) -> Run | None:
     """The run the journal in `directory` describes, or None when there is none (or its first line is torn)."""
+    path = journal_path(directory)
     try:
-        with open(journal_path(directory), "rb") as file:
-            raw = file.read(MAX_MANIFEST_SIZE)
+        with open(path, "rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            if size > max_journal_size():
+                raise FormatError(
+                    f"the writer journal is {size} bytes, over the limit of {max_journal_size()}: no writer wrote it; "
+                    "remove it and write the dataset again with overwrite=True",
+                    path=path,
+                )
+            raw = file.read(size)
     except FileNotFoundError:
         return None
     lines = raw.split(b"\n")[:-1]  # what follows the last newline is a torn append
@@ -97,16 +113,19 @@ def read_journal(directory: str) -> Run | None:
     if not header or header.get("journal") != _JOURNAL_FORMAT or not isinstance(codec, dict):
         return None
     run = Run(str(header.get("run")), str(codec.get("name")), dict(codec.get("params") or {}), header.get("replaces"))
+    begun: set[str] = set()
     for line in lines[1:]:
         record = _parse_line(line)
-        if record is None or not _add_record(run, record):
+        if record is None or not _add_record(run, record, begun):
             break
     return run
 
 
-def _add_record(run: Run, record: dict[str, Any]) -> bool:
+def _add_record(run: Run, record: dict[str, Any], begun: set[str]) -> bool:
+    """Add one journal line to `run` (`begun` is the set of ``run.begun``); False for a line no writer wrote."""
     if "begun" in record and is_valid_shard_name(record["begun"]):
-        if record["begun"] not in run.begun:
+        if record["begun"] not in begun:
+            begun.add(record["begun"])
             run.begun.append(record["begun"])
         return True
     committed = record.get("committed")

@@ -144,9 +144,9 @@ def checked_manifest_bytes(manifest: Manifest, *, path: str) -> bytes:
     so a manifest with a duplicate or invalid shard name, metadata keys that JSON
     would turn into strings, or a size over `MAX_MANIFEST_SIZE` is never published.
     """
+    raw = manifest.encode()  # first: it refuses nesting too deep for the key check's recursion
     _require_string_keys(manifest.metadata, "manifest metadata", path)
     _require_string_keys(manifest.codec_params, "codec parameters", path)
-    raw = manifest.encode()
     if len(raw) > MAX_MANIFEST_SIZE:
         raise FormatError(
             f"a manifest of {len(manifest.shards)} shards is {len(raw)} bytes, over the limit of {MAX_MANIFEST_SIZE}; "

@@ -5,11 +5,14 @@ from __future__ import annotations
 import glob
 import os
 import re
+import stat
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
 from . import format as fmt
+from . import manifest as manifest_rules
+from .checksum import crc32c
 from .codecs import codec_from_stored, make_codec
 from .errors import (
     ClosedError,
@@ -22,15 +25,18 @@ from .errors import (
     VarstoreError,
 )
 from .journal import Journal, Run, check_codec, manifest_identity, new_run, read_journal
-from .locking import is_locked, lock_directory, shard_lock_path
+from .locking import DIRECTORY_LOCK_NAME, LOCK_SUFFIX, is_locked, lock_directory, lock_shard, shard_lock_path
 from .manifest import (
     MANIFEST_NAME,
     Manifest,
     ShardEntry,
+    checked_manifest_bytes,
+    commit_manifest_bytes,
     commit_manifest_file,
     describe_shard,
     is_valid_shard_name,
     read_manifest,
+    shard_entry_size_bound,
 )
 from .reader import Reader
 from .storage import (
@@ -44,6 +50,7 @@ from .storage import (
 from .writer import Writer, flat_payloads
 
 _NUMBERED_SHARD = re.compile(r"shard-(\d{6,})")
+_DIGITS = re.compile(r"(\d+)")
 
 
 class ShardedWriter:
@@ -69,6 +76,11 @@ class ShardedWriter:
     last one is discarded) and starts with ``len(writer)`` equal to the records
     they hold, so the caller continues its input from there.
 
+    The manifest's size limit (`varstore.manifest.MAX_MANIFEST_SIZE`) bounds the
+    number of shards: the writer refuses to start a shard the manifest might not
+    have room for (`FormatError`, before that shard takes a record), and can still
+    be closed with the records it holds.
+
     If a shard cannot be committed or written (a full disk, say), the writer
     fails: it accepts nothing more, never commits a manifest, keeps the shards
     already committed, and its errors say how to resume.
@@ -88,7 +100,7 @@ class ShardedWriter:
         overwrite: bool = False,
         resume: bool = False,
     ) -> None:
-        self.path = os.fspath(directory)
+        self.path = os.path.abspath(os.fspath(directory))  # a later chdir must not move the dataset
         if max_shard_bytes < 1 or (max_shard_records is not None and max_shard_records < 1):
             raise VarstoreError("max_shard_bytes and max_shard_records must be positive")
         self._codec = make_codec(codec, dtype=dtype, shape=shape)
@@ -104,6 +116,10 @@ class ShardedWriter:
         self._adopted = 0
         self._failure: str | None = None
         self._closed = False
+        self._committing_version: int | None = None
+        self._manifest_size_bound = len(
+            checked_manifest_bytes(Manifest(self._codec.name, self._codec.params(), self._metadata), path=self.path)
+        )
         try:
             make_directories(self.path)
         except OSError as error:
@@ -149,21 +165,26 @@ class ShardedWriter:
         numbered = list(self._live_names)
         if interrupted is not None:
             numbered += interrupted.begun
+        self._next_number = _number_after(numbered)
+        _numbered_shard_name(self._next_number, self.path)  # refuse a name past the limit before removing anything
+        if interrupted is not None:
+            self._remove_dead_writer_state()
             for name in interrupted.begun:
                 if name not in self._live_names:
                     self._remove_shard_files(name)
-        self._next_number = _number_after(numbered)
         self._overwrite = replaces is not None
         self._run = new_run(self._codec.name, self._codec.params(), replaces)
         self._journal = Journal.start(self.path, self._run)
 
     def _resume(self, interrupted: Run | None, replaces: int | None) -> None:
         """Continue the run the journal describes, adopting the shards it committed."""
-        remove_temporary_files(self.path, holding_directory_lock=True)
+        self._remove_dead_writer_state()
         if interrupted is None:
             if replaces is not None:
                 raise ShardExistsError(
-                    "a dataset is already committed here: resume=True continues only a writer that did not write its manifest",
+                    "nothing to resume: resume=True continues only a writer that did not write its manifest, and here "
+                    "a dataset is committed with no writer journal (its writer finished, or an overwrite was stopped "
+                    "before it began its journal); open without resume=True (overwrite=True replaces the dataset)",
                     path=self.path,
                 )
             if _shard_files(self.path):
@@ -185,22 +206,38 @@ class ShardedWriter:
         self._overwrite = replaces is not None
         self._adopt_committed_shards()
         self._next_number = _number_after(list(self._live_names) + self.shard_names)
-        self._journal = Journal.continue_run(self.path)
+        # A new file of exactly the valid lines: never append after a torn line or through a hard link to a snapshot.
+        self._journal = Journal.start(self.path, self._run)
 
     def _adopt_committed_shards(self) -> None:
         """Adopt the run's shards in order; the last one begun may be damaged or half published (it is removed)."""
         begun = self._run.begun
         for position, name in enumerate(begun):
+            last = position == len(begun) - 1
+            if not last and name not in self._run.committed:
+                raise FormatError(
+                    f"cannot resume: the journal says shard {name} was begun but not committed, yet a later shard was "
+                    "begun; this journal was not written by one writer run here. Write the dataset again with overwrite=True",
+                    path=self.path,
+                )
             try:
                 entry = self._verified_shard(name)
-            except (FormatError, CorruptRecordError, MissingFileError):
-                if position < len(begun) - 1:
-                    raise
+            except (FormatError, CorruptRecordError, MissingFileError) as error:
+                if not last:
+                    raise FormatError(
+                        f"cannot resume: shard {name}, which the journal says this run committed, is missing or "
+                        f"damaged ({error}); the journal does not describe this directory (copied from elsewhere?). "
+                        "Write the dataset again with overwrite=True",
+                        path=self.path,
+                    ) from None
                 self._remove_shard_files(name)
                 break
             self._entries.append(entry)
+            self._run.committed[name] = entry
+            self._manifest_size_bound += shard_entry_size_bound(name)
             self._record_count += entry.records
         self._adopted = len(self._entries)
+        self._run.begun = self.shard_names  # a discarded last shard is no longer part of the run
 
     def _verified_shard(self, name: str) -> ShardEntry:
         with Reader(os.path.join(self.path, name)) as reader:
@@ -217,6 +254,17 @@ class ShardedWriter:
         if journaled is not None and journaled != entry:
             raise FormatError("the shard differs from the one the interrupted run committed", path=os.path.join(self.path, name))
         return entry
+
+    def _remove_dead_writer_state(self) -> None:
+        """Remove the temporary files and unheld lock files that killed writers left here (this writer holds the
+        directory lock; a lock file is removed by taking its lock, so a live writer's is never touched)."""
+        remove_temporary_files(self.path, holding_directory_lock=True)
+        for name in os.listdir(self.path):
+            if name.endswith(LOCK_SUFFIX) and name != DIRECTORY_LOCK_NAME and _is_regular_file(os.path.join(self.path, name)):
+                try:
+                    lock_shard(os.path.join(self.path, name[: -len(LOCK_SUFFIX)])).release()
+                except VarstoreError:
+                    continue  # a live writer holds it, or it cannot be locked: not ours to remove
 
     def _remove_shard_files(self, name: str) -> None:
         """Remove a shard of an abandoned run, unless a live writer holds its name."""
@@ -284,21 +332,52 @@ class ShardedWriter:
             finished = self._finish_shard()
             writer = None
         if writer is None:
-            name = "the next shard"
             try:
                 name = self._new_shard_name()
+            except (OSError, VarstoreError) as error:
+                raise self._fail("the next shard", error) from None
+            self._refuse_if_no_manifest_room(name, finished)
+            try:
+                # The name is journaled only once its Writer holds its lock and found it free: a resume then
+                # never adopts a shard another writer took between our probe and our lock.
+                writer = Writer(os.path.join(self.path, name), **self._writer_options)
                 assert self._journal is not None
                 self._journal.record(finished, name)
-                writer = self._writer = Writer(os.path.join(self.path, name), **self._writer_options)
-            except (OSError, StorageError) as error:
-                raise self._fail(name, error) from None
+            except (OSError, VarstoreError) as error:
+                if writer is not None:
+                    writer.abort()
+                raise self._fail(f"shard {name}", error) from None
+            self._writer = writer
+            self._manifest_size_bound += shard_entry_size_bound(name)
         return writer
+
+    def _refuse_if_no_manifest_room(self, name: str, finished: ShardEntry | None) -> None:
+        """Refuse to begin shard `name` if the manifest might then exceed its limit; the writer stays closable."""
+        if self._manifest_size_bound + shard_entry_size_bound(name) <= manifest_rules.MAX_MANIFEST_SIZE:
+            return
+        if finished is not None:
+            self._record_committed(finished)
+        raise FormatError(
+            f"cannot start shard {name}: the manifest would exceed its limit of {manifest_rules.MAX_MANIFEST_SIZE} "
+            f"bytes with {len(self._entries) + 1} shards. The writer accepts no more records; close() commits the "
+            f"{self._record_count} records it holds. Write larger shards (max_shard_bytes, max_shard_records) "
+            "to store more",
+            path=self.path,
+        )
+
+    def _record_committed(self, entry: ShardEntry) -> None:
+        """Journal that `entry` was committed (when no next shard is begun with it)."""
+        assert self._journal is not None
+        try:
+            self._journal.record(entry, None)
+        except OSError as error:
+            raise self._fail(f"shard {entry.name}", error) from None
 
     def _new_shard_name(self) -> str:
         """The next number after every name the live manifest and this run used, skipping names taken on disk
         (by files, or by a live writer's lock; a killed writer's lock file is no claim)."""
         while True:
-            name = f"shard-{self._next_number:06d}"
+            name = _numbered_shard_name(self._next_number, self.path)
             self._next_number += 1
             prefix = os.path.join(self.path, name)
             taken = any(map(os.path.lexists, fmt.shard_paths(prefix))) or is_locked(shard_lock_path(prefix))
@@ -316,15 +395,16 @@ class ShardedWriter:
         self._entries.append(entry)
         return entry
 
-    def _fail(self, shard: Writer | str, error: BaseException) -> VarstoreError:
-        """Enter the failed state after `shard` could not be written or committed; returns the error to raise."""
-        if isinstance(shard, Writer):
-            shard.abort()
-            shard = os.path.basename(shard.path)
+    def _fail(self, failed: Writer | str, error: BaseException) -> VarstoreError:
+        """Enter the failed state after a shard (its `Writer`, or a description such as "shard NAME")
+        or the manifest commit failed; returns the error to raise."""
+        if isinstance(failed, Writer):
+            failed.abort()
+            failed = f"shard {os.path.basename(failed.path)}"
         safe = sum(entry.records for entry in self._entries)
         where = f"shards {self._entries[0].name} to {self._entries[-1].name}" if self._entries else "no shard"
         self._failure = (
-            f"shard {shard} failed ({error}). The writer accepts no more records and writes no manifest; "
+            f"{failed} failed ({error}). The writer accepts no more records and writes no manifest; "
             f"{safe} records are safely committed in {where}. To continue, open "
             f"ShardedWriter({self.path!r}, resume=True, ...): its len() is the number of records stored, "
             "so continue your input from there"
@@ -343,15 +423,28 @@ class ShardedWriter:
             self._finish_shard()
         manifest = Manifest(self._codec.name, self._codec.params(), self._metadata, self._entries)
         try:
-            commit_manifest_file(self.path, manifest, overwrite=self._overwrite)
+            raw = checked_manifest_bytes(manifest, path=os.path.join(self.path, MANIFEST_NAME))
+            # From the moment the manifest is named, the dataset is committed, even if an interrupt lands before
+            # commit_manifest_bytes returns: abort() recognises our manifest by this version and keeps its shards.
+            self._committing_version = crc32c(raw)
+            commit_manifest_bytes(self.path, raw, overwrite=self._overwrite)
         except (OSError, VarstoreError) as error:
-            raise self._fail("manifest.json", error) from None
+            raise self._fail("the manifest commit", error) from None
         self._closed = True
         try:
             sync_directory(self.path)
         finally:
+            self._finish_committed_run()
+
+    def _manifest_committed(self) -> bool:
+        return self._committing_version is not None and manifest_identity(self.path) == self._committing_version
+
+    def _finish_committed_run(self) -> None:
+        """After the manifest commit: end the journal, remove the replaced version's shards, let go of the directory."""
+        try:
             self._end_run()
             self._remove_replaced_shards()
+        finally:
             self._lock.release()
 
     def abort(self) -> None:
@@ -365,6 +458,9 @@ class ShardedWriter:
         if self._closed:
             return
         self._closed = True
+        if self._failure is None and self._manifest_committed():
+            self._finish_committed_run()  # close() was interrupted after its commit point: the dataset stands
+            return
         try:
             if self._writer is not None:
                 self._writer.abort()
@@ -414,6 +510,27 @@ def _number_after(names: Iterable[str]) -> int:
     return max(numbers, default=-1) + 1
 
 
+def _numbered_shard_name(number: int, directory: str) -> str:
+    """``shard-NNNNNN`` for `number`; `FormatError` when that is no longer a valid shard name (over 200 characters)."""
+    name = f"shard-{number:06d}"
+    if not is_valid_shard_name(name):
+        raise FormatError(f"shard number {number} makes the name {name[:40]}... longer than 200 characters", path=directory)
+    return name
+
+
+def natural_order(name: str) -> tuple[Any, ...]:
+    """Sort key comparing digit runs as numbers, so ``shard-999999`` comes before ``shard-1000000``."""
+    parts = _DIGITS.split(name)
+    return tuple(int(part) if position % 2 else part for position, part in enumerate(parts)) + (name,)
+
+
+def _is_regular_file(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
 def _shard_files(directory: str) -> list[str]:
     """Committed or half-published shard files in `directory` (not temporary files)."""
     return [name for name in os.listdir(directory)
@@ -430,7 +547,8 @@ def write_manifest(
     """Make a dataset of shards already in `directory` (written by separate processes, say) without copying them.
 
     With no `shard_names`, every committed shard in the directory is listed, in
-    name order. All shards must share one codec. Returns the names listed. An
+    natural name order: runs of digits compare as numbers, so ``shard-999999``
+    precedes ``shard-1000000``. All shards must share one codec. Returns the names listed. An
     existing manifest is replaced only with ``overwrite=True``; the directory's
     writer lock is held throughout.
     """
@@ -439,7 +557,8 @@ def write_manifest(
         if shard_names is None:
             pattern = os.path.join(glob.escape(directory), "*" + fmt.INDEX_SUFFIX)
             shard_names = sorted(
-                os.path.basename(path)[: -len(fmt.INDEX_SUFFIX)] for path in glob.glob(pattern) if TEMP_MARK not in path
+                (os.path.basename(path)[: -len(fmt.INDEX_SUFFIX)] for path in glob.glob(pattern) if TEMP_MARK not in path),
+                key=natural_order,
             )
         entries, codec_id, codec_params = [], None, None
         for name in shard_names:
