@@ -256,3 +256,19 @@ def test_resume_after_an_overwrite_stopped_before_its_journal_says_there_is_noth
     with pytest.raises(varstore.ShardExistsError, match="nothing to resume.*no writer journal"):
         varstore.ShardedWriter(tmp_path, resume=True)
     assert final_index_names(tmp_path) == ["shard-000000"]
+
+
+def test_interrupt_while_the_writer_starts_leaves_no_journal_and_no_lock(tmp_path, monkeypatch):
+    """Ctrl-C landing just after a new run began its journal: nothing is left that a later writer must resume."""
+    from varstore import sharded_writer
+
+    real_start = sharded_writer.ShardedWriter._start_run
+
+    def start_then_interrupt(self, *args, **options):
+        real_start(self, *args, **options)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sharded_writer.ShardedWriter, "_start_run", start_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        varstore.ShardedWriter(tmp_path / "data")
+    assert os.listdir(tmp_path / "data") == []

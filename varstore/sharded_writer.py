@@ -134,6 +134,8 @@ class ShardedWriter:
             else:
                 self._start_run(read_journal(self.path), replaces, overwrite)
         except BaseException as error:
+            if self._journal is not None and not self._adopted:
+                self._end_run()  # interrupted (Ctrl-C, say) before it took a record: a run with nothing to resume
             self._lock.release()
             if isinstance(error, OSError) and not isinstance(error, VarstoreError):
                 raise storage_error(error, "starting the dataset writer") from None
