@@ -198,9 +198,21 @@ def test_existing_dataset_needs_overwrite(capsys, tmp_path):
     (tmp_path / "lines.txt").write_text("a\nb\n")
     _convert(capsys, tmp_path / "lines.txt", tmp_path / "ds")
     code, _, err = run(capsys, "convert", tmp_path / "lines.txt", tmp_path / "ds")
-    assert_one_line_error(code, err, "already exists")
+    assert_one_line_error(code, err, "is already there", "--overwrite")
     _convert(capsys, tmp_path / "lines.txt", tmp_path / "ds", "--overwrite", "--metadata", '{"source": "lines.txt"}')
     assert run_json(capsys, "info", tmp_path / "ds")["metadata"] == {"source": "lines.txt"}
+
+
+def test_rerun_after_a_killed_convert_is_told_the_option_the_command_line_has(capsys, tmp_path):
+    (tmp_path / "lines.txt").write_text("a\nb\n")
+    writer = varstore.ShardedWriter(tmp_path / "ds", codec="str", max_shard_records=1)
+    writer.extend(["a", "b"])  # a shard committed, no manifest: as a killed convert leaves it
+    del writer
+    code, _, err = run(capsys, "convert", tmp_path / "lines.txt", tmp_path / "ds")
+    assert_one_line_error(code, err, "interrupted writer", "--overwrite")
+    assert "resume=True" not in err
+    _convert(capsys, tmp_path / "lines.txt", tmp_path / "ds", "--overwrite")
+    assert list(varstore.open(tmp_path / "ds")) == ["a", "b"]
 
 
 @pytest.mark.parametrize(

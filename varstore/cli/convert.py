@@ -120,14 +120,24 @@ def _open_source(args: argparse.Namespace) -> Source:
     return FolderSource(args.source, max_record_bytes)
 
 
+def _dataset_writer(args: argparse.Namespace, source: Source) -> varstore.ShardedWriter:
+    """The writer of DST; its refusal to replace what is there is worded for the command line (convert
+    always starts again: it has no resume)."""
+    try:
+        return varstore.ShardedWriter(
+            args.destination, codec=source.codec, dtype=source.dtype, shape=source.shape, metadata=args.metadata,
+            max_shard_bytes=args.max_shard_bytes, max_shard_records=args.max_shard_records, overwrite=args.overwrite,
+        )
+    except varstore.ShardExistsError as error:
+        raise CommandError(f"{error.path}: a dataset, or the shards of an interrupted writer, is already there; "
+                           "pass --overwrite to replace it") from None
+
+
 def run(args: argparse.Namespace) -> int:
     source = _open_source(args)
     started = time.perf_counter()
     # The writer locks DST for the whole run, and on an error removes every shard it wrote.
-    with removed_if_created_and_failed(args.destination), varstore.ShardedWriter(
-        args.destination, codec=source.codec, dtype=source.dtype, shape=source.shape, metadata=args.metadata,
-        max_shard_bytes=args.max_shard_bytes, max_shard_records=args.max_shard_records, overwrite=args.overwrite,
-    ) as writer:
+    with removed_if_created_and_failed(args.destination), _dataset_writer(args, source) as writer:
         with progress_bar(source.total, description="convert", unit=source.unit, quiet=args.quiet) as progress:
             source.write_to(writer, progress)
     seconds = time.perf_counter() - started
