@@ -58,7 +58,7 @@ def _decode_array_extension(data: bytes) -> np.ndarray:
     _require(int(np.prod(shape, dtype=object)) * np.dtype(dtype).itemsize == len(body), "array length")
     if not body:
         leading = shape[: shape.index(0)] if 0 in shape else shape
-        _require(all(dim <= len(data) for dim in leading), "empty array leading dimensions")
+        _require(all(dim <= max(len(data), 1 << 16) for dim in leading), "empty array leading dimensions")
         _require(int(np.prod([dim or 1 for dim in shape], dtype=object)) <= 1 << 24, "empty array extent")
     return np.frombuffer(body, dtype).reshape(shape)
 

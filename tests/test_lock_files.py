@@ -193,3 +193,96 @@ def test_forked_child_exit_leaves_the_parents_lock_and_temporary_files(tmp_path)
                           capture_output=True, text=True, timeout=TIMEOUT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "20"
+
+
+def _in_a_forked_child(check) -> int:
+    """Run `check()` in a forked child that exits without pytest's clean-up; returns its exit status (0: it held)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            check()
+            code = 0
+        finally:
+            os._exit(code)
+    return os.waitpid(pid, 0)[1]
+
+
+def _child_leaves_the_with_block_and_cannot_commit(writer) -> None:
+    writer.__exit__(SystemExit, SystemExit(0), None)  # what `sys.exit()` inside the inherited `with` does
+    try:
+        writer.close()
+    except varstore.VarstoreError as error:
+        assert "forked process" in str(error)
+    else:
+        raise AssertionError("a forked child committed its parent's writer")
+
+
+def test_forked_child_leaving_the_with_block_leaves_the_parents_dataset_writer_alone(tmp_path):
+    records = [bytes([index]) * 10 for index in range(30)]
+    with varstore.ShardedWriter(tmp_path / "data", max_shard_records=10) as writer:
+        writer.extend(records[:25])
+        assert _in_a_forked_child(lambda: _child_leaves_the_with_block_and_cannot_commit(writer)) == 0
+        writer.extend(records[25:])
+    assert list(varstore.open(tmp_path / "data")) == records
+
+
+def test_forked_child_leaving_the_with_block_leaves_the_parents_shard_writer_alone(tmp_path):
+    with varstore.Writer(tmp_path / "docs") as writer:
+        writer.extend([b"a", b"b"])
+        assert _in_a_forked_child(lambda: _child_leaves_the_with_block_and_cannot_commit(writer)) == 0
+        writer.append(b"c")
+    assert list(varstore.open(tmp_path / "docs")) == [b"a", b"b", b"c"]
+
+
+def test_a_forked_child_that_outlives_its_killed_parent_does_not_keep_the_lock(tmp_path):
+    """The lock dies with the writer that took it, not with the last process holding a copy of its descriptor."""
+    script = (
+        "import os, sys, varstore\n"
+        f"writer = varstore.ShardedWriter({str(tmp_path / 'data')!r}, max_shard_records=2)\n"
+        "writer.extend([b'a', b'b', b'c'])\n"
+        "if os.fork() == 0:\n"
+        "    os.write(1, b'child\\n')  # running Python code: past the fork handlers\n"
+        "    sys.stdin.read()  # the child lives until the test closes its standard input\n"
+        "    os._exit(0)\n"
+        "os.write(1, b'parent\\n')\n"
+        "sys.stdin.read()\n"
+    )
+    with subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE) as writer:
+        try:
+            assert sorted([writer.stdout.readline(), writer.stdout.readline()]) == [b"child\n", b"parent\n"]
+            writer.kill()
+            writer.wait(timeout=30)
+            with varstore.ShardedWriter(tmp_path / "data", max_shard_records=2, resume=True) as resumed:
+                assert len(resumed) == 2
+                resumed.append(b"c")
+        finally:
+            writer.stdin.close()  # ends the child too
+    assert list(varstore.open(tmp_path / "data")) == [b"a", b"b", b"c"]
+
+
+def test_cleanup_skips_temporary_files_it_may_not_remove_and_the_writer_starts(tmp_path, monkeypatch):
+    """In a sticky shared directory another user's leftovers cannot be unlinked: a new writer goes on anyway."""
+    pid = os.fork()
+    if pid == 0:  # a writer killed with a committed shard and the temporary files of the next
+        try:
+            writer = varstore.ShardedWriter(tmp_path, max_shard_records=2)
+            writer.extend([b"a"] * 3)
+        finally:
+            os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    leftovers = sorted(name for name in os.listdir(tmp_path) if TEMP_MARK in name)
+    assert leftovers
+    real_unlink = os.unlink
+
+    def not_permitted(path, *args, **options):
+        if TEMP_MARK in os.fspath(path):
+            raise PermissionError(1, "Operation not permitted", os.fspath(path))
+        return real_unlink(path, *args, **options)
+
+    monkeypatch.setattr(os, "unlink", not_permitted)
+    with varstore.ShardedWriter(tmp_path, max_shard_records=2, overwrite=True) as writer:
+        writer.extend([b"b"] * 3)
+    monkeypatch.undo()
+    assert list(varstore.open(tmp_path)) == [b"b"] * 3
+    assert {str(tmp_path / name) for name in leftovers} <= set(varstore.remove_temporary_files(str(tmp_path)))

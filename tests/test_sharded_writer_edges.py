@@ -272,3 +272,50 @@ def test_interrupt_while_the_writer_starts_leaves_no_journal_and_no_lock(tmp_pat
     with pytest.raises(KeyboardInterrupt):
         varstore.ShardedWriter(tmp_path / "data")
     assert os.listdir(tmp_path / "data") == []
+
+
+def test_a_fifo_at_the_journal_path_is_refused_without_hanging(tmp_path):
+    (tmp_path / "data").mkdir()
+    os.mkfifo(tmp_path / "data" / JOURNAL_NAME)
+    script = f"import varstore\nvarstore.ShardedWriter({str(tmp_path / 'data')!r})\n"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0 and "not a regular file" in result.stderr
+
+
+def test_interrupt_inside_the_manifest_commit_after_its_rename_still_removes_the_replaced_shards(tmp_path, monkeypatch):
+    """Ctrl-C landing after the new manifest is named: close() raises, the dataset stands, and the old version's
+    shards are removed all the same (they are listed by no manifest any more)."""
+    with varstore.ShardedWriter(tmp_path, max_shard_records=2) as writer:
+        writer.extend([b"old"] * 4)
+    real_commit = varstore.sharded_writer.commit_manifest_bytes
+
+    def commit_then_interrupt(*args, **options):
+        real_commit(*args, **options)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(varstore.sharded_writer, "commit_manifest_bytes", commit_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        with varstore.ShardedWriter(tmp_path, max_shard_records=2, overwrite=True) as writer:
+            writer.extend([b"new"] * 3)
+    assert list(varstore.open(tmp_path)) == [b"new"] * 3
+    assert final_index_names(tmp_path) == ["shard-000002", "shard-000003"]
+    assert sorted(name for name in os.listdir(tmp_path) if name.startswith(".")) == []
+
+
+def test_a_kill_between_a_restart_and_its_cleanup_leaves_a_resumable_run(tmp_path):
+    """An overwrite restarting a killed run replaces the journal before it deletes the old run's shards."""
+    writer = varstore.ShardedWriter(tmp_path, max_shard_records=2)
+    writer.extend([b"a"] * 5)
+    del writer  # killed: two shards committed, no manifest
+    pid = os.fork()
+    if pid == 0:  # the restart, killed between the journal's replacement and the cleanup
+        varstore.sharded_writer.ShardedWriter._remove_dead_writer_state = lambda self: os._exit(0)
+        try:
+            varstore.ShardedWriter(tmp_path, max_shard_records=2, overwrite=True)
+        finally:
+            os._exit(1)
+    assert os.waitpid(pid, 0)[1] == 0
+    with varstore.ShardedWriter(tmp_path, max_shard_records=2, resume=True) as resumed:
+        assert len(resumed) == 0
+        resumed.extend([b"b"] * 3)
+    assert list(varstore.open(tmp_path)) == [b"b"] * 3

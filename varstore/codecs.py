@@ -32,6 +32,8 @@ ARRAY_EXT_TYPE = 1
 MAX_ARRAY_DIMS = 32
 # An empty array's non-zero dimensions may multiply to at most this (spec §2.2): (0, 4096, 4096) is fine.
 MAX_EMPTY_ARRAY_EXTENT = 1 << 24
+# ... and its dimensions before the first 0 may be this large whatever its bytes: (300, 0, 3) is fine, (2**24, 0) is not.
+MAX_EMPTY_ARRAY_LEADING = 1 << 16
 # An ndarray shard's row (itemsize x trailing shape) must fit one numpy array (spec §2.1).
 MAX_ROW_SIZE = (1 << 63) - 1
 
@@ -223,11 +225,12 @@ def _empty_shape_problem(shape: Sequence[int], data_length: int) -> str | None:
     """What is wrong with the shape of an empty array whose extension data is `data_length` bytes, if anything.
 
     §2.2 bounds what such a shape claims, so that no consumer that allocates by shape (a padding mask is
-    batch x first dimension) reserves more than the record justifies: the dimensions before the first zero
-    must each be at most `data_length`, and the non-zero dimensions must multiply to at most 2**24."""
+    batch x first dimension) reserves unboundedly: the dimensions before the first zero
+    must each be at most max(`data_length`, 2**16), and the non-zero dimensions must multiply to at most 2**24."""
     leading = shape[: list(shape).index(0)] if 0 in shape else shape
-    if any(dim > data_length for dim in leading):
-        return f"a dimension before its first 0 exceeds the {data_length} bytes of its extension"
+    limit = max(data_length, MAX_EMPTY_ARRAY_LEADING)
+    if any(dim > limit for dim in leading):
+        return f"a dimension before its first 0 exceeds {limit}"
     extent = math.prod(dim or 1 for dim in shape)
     if extent > MAX_EMPTY_ARRAY_EXTENT:
         return f"its non-zero dimensions multiply to {extent}, more than {MAX_EMPTY_ARRAY_EXTENT}"

@@ -96,8 +96,12 @@ def read_journal(directory: str) -> Run | None:
     """The run the journal in `directory` describes, or None when there is none (or its first line is torn)."""
     path = journal_path(directory)
     try:
-        with open(path, "rb") as file:
-            size = os.fstat(file.fileno()).st_size
+        # Non-blocking, and regular files only: a FIFO planted here must not hang a writer holding the lock.
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW), "rb") as file:
+            info = os.fstat(file.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise FormatError("the writer journal is not a regular file; remove it", path=path)
+            size = info.st_size
             if size > max_journal_size():
                 raise FormatError(
                     f"the writer journal is {size} bytes, over the limit of {max_journal_size()}: no writer wrote it; "

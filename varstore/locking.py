@@ -26,6 +26,7 @@ import os
 import socket
 import stat
 import time
+import weakref
 from typing import Any
 
 from .errors import ConcurrentWriterError, StorageError
@@ -75,6 +76,7 @@ class WriterLock:
                 raise StorageError(f"cannot lock {what}: {error.strerror or error}", path=path) from None
             if _names_same_file(fd, path):
                 self._fd = fd
+                _HELD.add(self)
             else:
                 os.close(fd)  # the previous holder unlinked it between our open and our lock: try again
         if not self._writable:
@@ -112,6 +114,7 @@ class WriterLock:
         if self._fd < 0 or os.getpid() != self._pid:
             return
         fd, self._fd = self._fd, -1
+        _HELD.discard(self)
         if _names_same_file(fd, self.path):
             try:
                 os.unlink(self.path)
@@ -188,6 +191,25 @@ def _open_error(error: OSError, action: str, path: str) -> StorageError:
     if error.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
         return StorageError(f"{action}: it is a symbolic link; remove it if no writer is running", path=path)
     return StorageError(f"{action}: {error.strerror or error}", path=path)
+
+
+_HELD: "weakref.WeakSet[WriterLock]" = weakref.WeakSet()
+
+
+def _close_inherited_locks() -> None:
+    """In a forked child: close the inherited lock descriptors, so that the lock dies with the process that
+    took it (a long-lived child must not keep a dead writer's lock) and the child cannot release it."""
+    for lock in list(_HELD):
+        if lock._fd >= 0:
+            try:
+                os.close(lock._fd)
+            except OSError:
+                pass
+            lock._fd = -1
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_close_inherited_locks)
 
 
 def _names_same_file(fd: int, path: str) -> bool:

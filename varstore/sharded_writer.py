@@ -40,6 +40,7 @@ from .manifest import (
 )
 from .reader import Reader
 from .storage import (
+    refuse_in_a_forked_child,
     TEMP_MARK,
     make_directories,
     remove_quietly,
@@ -101,6 +102,7 @@ class ShardedWriter:
         resume: bool = False,
     ) -> None:
         self.path = os.path.abspath(os.fspath(directory))  # a later chdir must not move the dataset
+        self._pid = os.getpid()
         if max_shard_bytes < 1 or (max_shard_records is not None and max_shard_records < 1):
             raise VarstoreError("max_shard_bytes and max_shard_records must be positive")
         self._codec = make_codec(codec, dtype=dtype, shape=shape)
@@ -169,14 +171,16 @@ class ShardedWriter:
             numbered += interrupted.begun
         self._next_number = _number_after(numbered)
         _numbered_shard_name(self._next_number, self.path)  # refuse a name past the limit before removing anything
+        self._overwrite = replaces is not None
+        self._run = new_run(self._codec.name, self._codec.params(), replaces)
+        # The new journal replaces the old one before the old run's files go: a kill in between leaves a run
+        # that can be resumed (with nothing adopted) rather than a journal naming deleted shards.
+        self._journal = Journal.start(self.path, self._run)
         if interrupted is not None:
             self._remove_dead_writer_state()
             for name in interrupted.begun:
                 if name not in self._live_names:
                     self._remove_shard_files(name)
-        self._overwrite = replaces is not None
-        self._run = new_run(self._codec.name, self._codec.params(), replaces)
-        self._journal = Journal.start(self.path, self._run)
 
     def _resume(self, interrupted: Run | None, replaces: int | None) -> None:
         """Continue the run the journal describes, adopting the shards it committed."""
@@ -421,6 +425,18 @@ class ShardedWriter:
         if self._closed and self._failure is None:
             return
         self._check_writable("close")
+        refuse_in_a_forked_child(self._pid, self.path)
+        try:
+            self._commit()
+        except BaseException:
+            # An interrupt (Ctrl-C) or an error: once the manifest is named the dataset stands and only the
+            # cleanup after it is left to do; before that, the run is abandoned as `abort` does (a failed
+            # writer keeps its shards for a resume).
+            if not self._closed:
+                self.abort()
+            raise
+
+    def _commit(self) -> None:
         if self._writer is not None:
             self._finish_shard()
         manifest = Manifest(self._codec.name, self._codec.params(), self._metadata, self._entries)
@@ -455,9 +471,10 @@ class ShardedWriter:
         Normally the shard in progress and every shard this writer committed are
         removed (not those it resumed from), so the directory is as before. After
         a failure the committed shards are kept, so ``resume=True`` adopts them.
-        The manifest is untouched either way.
+        The manifest is untouched either way. In a forked child (leaving a ``with``
+        block on its way out, say) this does nothing: the files are the parent's.
         """
-        if self._closed:
+        if self._closed or self._pid != os.getpid():
             return
         self._closed = True
         if self._failure is None and self._manifest_committed():
@@ -467,12 +484,15 @@ class ShardedWriter:
             if self._writer is not None:
                 self._writer.abort()
             if self._failure is None:
+                if self._adopted:  # the interrupted run goes on existing, as it was before this writer
+                    self._journal.close()
+                    self._run.begun = self.shard_names[: self._adopted]
+                    Journal.start(self.path, self._run).close()  # replaces the journal atomically
+                    self._journal = None
+                else:
+                    self._end_run()
                 for entry in self._entries[self._adopted :]:
                     remove_quietly(list(fmt.shard_paths(os.path.join(self.path, entry.name))))
-                self._end_run()
-                if self._adopted:  # the interrupted run continues to exist, as it was before this writer
-                    self._run.begun = self.shard_names[: self._adopted]
-                    Journal.start(self.path, self._run).close()
             elif self._journal is not None:
                 self._journal.close()
         finally:

@@ -10,7 +10,7 @@ import errno
 import os
 import secrets
 
-from .errors import ShardExistsError, StorageError
+from .errors import ShardExistsError, StorageError, VarstoreError
 from .locking import directory_lock_path, is_locked, shard_lock_path
 
 TEMP_MARK = ".varstore-tmp-"
@@ -47,8 +47,8 @@ def remove_temporary_files(directory: str, *, holding_directory_lock: bool = Fal
             continue
         try:
             os.unlink(path)
-        except FileNotFoundError:
-            continue
+        except (FileNotFoundError, PermissionError):
+            continue  # gone already, or another user's in a sticky directory: not ours to remove
         removed.append(path)
     return removed
 
@@ -176,3 +176,12 @@ def storage_error(error: OSError, action: str) -> StorageError:
     """Wrap an OSError with what varstore was doing and which file."""
     path = error.filename if isinstance(error.filename, str) else None
     return StorageError(f"{action} failed: {error.strerror or error}", path=path)
+
+
+def refuse_in_a_forked_child(owner_pid: int, path: str) -> None:
+    """Refuse to commit a writer in a process other than the one that created it: after a fork both hold
+    the same temporary files and lock, and only the parent may publish them."""
+    if os.getpid() != owner_pid:
+        raise VarstoreError(
+            f"this writer belongs to process {owner_pid}; a forked process ({os.getpid()}) cannot commit it", path=path
+        )

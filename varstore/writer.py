@@ -14,7 +14,15 @@ from .checksum import crc32c
 from .codecs import Codec, make_codec
 from .errors import ClosedError, RecordTypeError, ShardExistsError, VarstoreError
 from .locking import WriterLock, lock_shard
-from .storage import make_directories, publish, remove_quietly, storage_error, temporary_path, write_all
+from .storage import (
+    make_directories,
+    publish,
+    refuse_in_a_forked_child,
+    remove_quietly,
+    storage_error,
+    temporary_path,
+    write_all,
+)
 
 _DATA_BUFFER_BYTES = 1 << 20
 _SPOOL_ENTRIES = 1 << 16
@@ -223,6 +231,7 @@ class Writer:
         """Commit the shard: fsync both files, rename them to their final names, fsync the directory."""
         if self._closed:
             return
+        refuse_in_a_forked_child(self._pid, self.path)
         try:
             self._commit()
         except VarstoreError:
@@ -237,8 +246,9 @@ class Writer:
         self._closed = True
 
     def abort(self) -> None:
-        """Discard everything written; no file is left under the final or temporary names."""
-        if not self._closed:
+        """Discard everything written; no file is left under the final or temporary names. In a forked child
+        (leaving a ``with`` block on its way out, say) this does nothing: the files are the parent's."""
+        if not self._closed and self._pid == os.getpid():
             self._discard()
 
     def _commit(self) -> None:
