@@ -63,7 +63,7 @@ def test_two_commands_racing_into_one_destination_give_one_whole_dataset(tmp_pat
     loser = next(err for code, err in results if code == 1)
     # Which error the loser gets depends on when it started: during the winner's run, or after it.
     assert_one_line_error(1, loser, str(destination))
-    assert any(reason in loser for reason in ("another writer", "already exists", "not empty")), loser
+    assert any(reason in loser for reason in ("another writer", "already exists", "already there", "not empty")), loser
     _assert_complete(destination)
 
 
