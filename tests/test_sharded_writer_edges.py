@@ -11,6 +11,7 @@ import pytest
 
 import varstore
 import varstore.manifest
+import varstore.run_start
 import varstore.sharded_writer
 from varstore.journal import JOURNAL_NAME, _line, read_journal
 from varstore.locking import lock_shard
@@ -260,15 +261,15 @@ def test_resume_after_an_overwrite_stopped_before_its_journal_says_there_is_noth
 
 def test_interrupt_while_the_writer_starts_leaves_no_journal_and_no_lock(tmp_path, monkeypatch):
     """Ctrl-C landing just after a new run began its journal: nothing is left that a later writer must resume."""
-    from varstore import sharded_writer
+    from varstore import run_start
 
-    real_start = sharded_writer.ShardedWriter._start_run
+    real_start = run_start._RunStart._start_run
 
     def start_then_interrupt(self, *args, **options):
         real_start(self, *args, **options)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sharded_writer.ShardedWriter, "_start_run", start_then_interrupt)
+    monkeypatch.setattr(run_start._RunStart, "_start_run", start_then_interrupt)
     with pytest.raises(KeyboardInterrupt):
         varstore.ShardedWriter(tmp_path / "data")
     assert os.listdir(tmp_path / "data") == []
@@ -309,7 +310,7 @@ def test_a_kill_between_a_restart_and_its_cleanup_leaves_a_resumable_run(tmp_pat
     del writer  # killed: two shards committed, no manifest
     pid = os.fork()
     if pid == 0:  # the restart, killed between the journal's replacement and the cleanup
-        varstore.sharded_writer.ShardedWriter._remove_dead_writer_state = lambda self: os._exit(0)
+        varstore.run_start._RunStart._remove_dead_writer_state = lambda self: os._exit(0)
         try:
             varstore.ShardedWriter(tmp_path, max_shard_records=2, overwrite=True)
         finally:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import glob
 import os
 import re
-import stat
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -14,18 +13,9 @@ from . import format as fmt
 from . import manifest as manifest_rules
 from .checksum import crc32c
 from .codecs import codec_from_stored, make_codec
-from .errors import (
-    ClosedError,
-    CorruptRecordError,
-    FormatError,
-    MissingFileError,
-    RecordTypeError,
-    ShardExistsError,
-    StorageError,
-    VarstoreError,
-)
-from .journal import Journal, Run, check_codec, manifest_identity, new_run, read_journal
-from .locking import DIRECTORY_LOCK_NAME, LOCK_SUFFIX, is_locked, lock_directory, lock_shard, shard_lock_path
+from .errors import ClosedError, FormatError, ShardExistsError, StorageError, VarstoreError
+from .journal import Journal, manifest_identity
+from .locking import is_locked, lock_directory, shard_lock_path
 from .manifest import (
     MANIFEST_NAME,
     Manifest,
@@ -35,22 +25,19 @@ from .manifest import (
     commit_manifest_file,
     describe_shard,
     is_valid_shard_name,
-    read_manifest,
     shard_entry_size_bound,
 )
-from .reader import Reader
+from .run_start import begin_run, numbered_shard_name
 from .storage import (
     refuse_in_a_forked_child,
     TEMP_MARK,
     make_directories,
     remove_quietly,
-    remove_temporary_files,
     storage_error,
     sync_directory,
 )
 from .writer import Writer, flat_payloads
 
-_NUMBERED_SHARD = re.compile(r"shard-(\d{6,})")
 _DIGITS = re.compile(r"(\d+)")
 
 
@@ -110,12 +97,7 @@ class ShardedWriter:
         self._metadata = dict(metadata or {})
         self._max_shard_bytes = max_shard_bytes
         self._max_shard_records = max_shard_records
-        self._entries: list[ShardEntry] = []
         self._writer: Writer | None = None
-        self._journal: Journal | None = None
-        self._record_count = 0
-        self._next_number = 0
-        self._adopted = 0
         self._failure: str | None = None
         self._closed = False
         self._committing_version: int | None = None
@@ -128,155 +110,22 @@ class ShardedWriter:
             raise storage_error(error, "preparing the dataset directory") from None
         self._lock = lock_directory(self.path)
         try:
-            self._previous = self._live_manifest(overwrite or resume)
-            self._live_names = {entry.name for entry in self._previous.shards} if self._previous is not None else set()
-            replaces = manifest_identity(self.path)
-            if resume:
-                self._resume(read_journal(self.path), replaces)
-            else:
-                self._start_run(read_journal(self.path), replaces, overwrite)
+            started = begin_run(self.path, self._codec, overwrite=overwrite, resume=resume)
+            self._previous = started.previous
+            self._live_names = started.live_names
+            self._overwrite = started.overwrite
+            self._run = started.run
+            self._journal: Journal | None = started.journal
+            self._entries: list[ShardEntry] = started.adopted
+            self._adopted = len(started.adopted)
+            self._manifest_size_bound += sum(shard_entry_size_bound(entry.name) for entry in started.adopted)
+            self._record_count = started.record_count
+            self._next_number = started.next_number
         except BaseException as error:
-            if self._journal is not None and not self._adopted:
-                self._end_run()  # interrupted (Ctrl-C, say) before it took a record: a run with nothing to resume
             self._lock.release()
             if isinstance(error, OSError) and not isinstance(error, VarstoreError):
                 raise storage_error(error, "starting the dataset writer") from None
             raise
-
-    def _live_manifest(self, replacing: bool) -> Manifest | None:
-        """The committed manifest, if any; a damaged one counts as a dataset whose shards are unknown."""
-        if not os.path.lexists(os.path.join(self.path, MANIFEST_NAME)):
-            return None
-        try:
-            return read_manifest(self.path)
-        except (FormatError, StorageError) as error:
-            if not replacing:
-                raise ShardExistsError(
-                    f"a dataset already exists here (its manifest is damaged: {error}); pass overwrite=True to replace it",
-                    path=self.path,
-                ) from None
-            return None
-
-    def _start_run(self, interrupted: Run | None, replaces: int | None, overwrite: bool) -> None:
-        """Begin a new run (a new dataset or an overwrite); an interrupted run's shards are discarded."""
-        if replaces is not None and not overwrite:
-            raise ShardExistsError("a dataset already exists here; pass overwrite=True to replace it", path=self.path)
-        if interrupted is not None and not overwrite:
-            raise ShardExistsError(
-                "an interrupted writer left shards here: pass resume=True to continue it, or overwrite=True to start again",
-                path=self.path,
-            )
-        numbered = list(self._live_names)
-        if interrupted is not None:
-            numbered += interrupted.begun
-        self._next_number = _number_after(numbered)
-        _numbered_shard_name(self._next_number, self.path)  # refuse a name past the limit before removing anything
-        self._overwrite = replaces is not None
-        self._run = new_run(self._codec.name, self._codec.params(), replaces)
-        # The new journal replaces the old one before the old run's files go: a kill in between leaves a run
-        # that can be resumed (with nothing adopted) rather than a journal naming deleted shards.
-        self._journal = Journal.start(self.path, self._run)
-        if interrupted is not None:
-            self._remove_dead_writer_state()
-            for name in interrupted.begun:
-                if name not in self._live_names:
-                    self._remove_shard_files(name)
-
-    def _resume(self, interrupted: Run | None, replaces: int | None) -> None:
-        """Continue the run the journal describes, adopting the shards it committed."""
-        self._remove_dead_writer_state()
-        if interrupted is None:
-            if replaces is not None:
-                raise ShardExistsError(
-                    "nothing to resume: resume=True continues only a writer that did not write its manifest, and here "
-                    "a dataset is committed with no writer journal (its writer finished, or an overwrite was stopped "
-                    "before it began its journal); open without resume=True (overwrite=True replaces the dataset)",
-                    path=self.path,
-                )
-            if _shard_files(self.path):
-                raise VarstoreError(
-                    "cannot resume: there is no writer journal here, so these shards cannot be told apart from those "
-                    "of other runs; write the dataset again with overwrite=True",
-                    path=self.path,
-                )
-            self._start_run(None, None, overwrite=False)
-            return
-        check_codec(interrupted, self._codec.name, self._codec.params(), self.path)
-        if interrupted.replaces != replaces:
-            raise ShardExistsError(
-                "a dataset is already committed here: resume=True continues only a writer that did not write its manifest"
-                if replaces is not None else "cannot resume: the manifest the interrupted run was replacing is gone",
-                path=self.path,
-            )
-        self._run = interrupted
-        self._overwrite = replaces is not None
-        self._adopt_committed_shards()
-        self._next_number = _number_after(list(self._live_names) + self.shard_names)
-        # A new file of exactly the valid lines: never append after a torn line or through a hard link to a snapshot.
-        self._journal = Journal.start(self.path, self._run)
-
-    def _adopt_committed_shards(self) -> None:
-        """Adopt the run's shards in order; the last one begun may be damaged or half published (it is removed)."""
-        begun = self._run.begun
-        for position, name in enumerate(begun):
-            last = position == len(begun) - 1
-            if not last and name not in self._run.committed:
-                raise FormatError(
-                    f"cannot resume: the journal says shard {name} was begun but not committed, yet a later shard was "
-                    "begun; this journal was not written by one writer run here. Write the dataset again with overwrite=True",
-                    path=self.path,
-                )
-            try:
-                entry = self._verified_shard(name)
-            except (FormatError, CorruptRecordError, MissingFileError) as error:
-                if not last:
-                    raise FormatError(
-                        f"cannot resume: shard {name}, which the journal says this run committed, is missing or "
-                        f"damaged ({error}); the journal does not describe this directory (copied from elsewhere?). "
-                        "Write the dataset again with overwrite=True",
-                        path=self.path,
-                    ) from None
-                self._remove_shard_files(name)
-                break
-            self._entries.append(entry)
-            self._run.committed[name] = entry
-            self._manifest_size_bound += shard_entry_size_bound(name)
-            self._record_count += entry.records
-        self._adopted = len(self._entries)
-        self._run.begun = self.shard_names  # a discarded last shard is no longer part of the run
-
-    def _verified_shard(self, name: str) -> ShardEntry:
-        with Reader(os.path.join(self.path, name)) as reader:
-            reader.verify()
-            stored = (reader.codec, reader._codec.params())
-        if stored != (self._codec.name, self._codec.params()):
-            raise RecordTypeError(
-                f"cannot resume: the shard stores codec {stored[0]} {stored[1]}, "
-                f"this writer was given {self._codec.name} {self._codec.params()}",
-                path=os.path.join(self.path, name),
-            )
-        entry, _, _ = describe_shard(self.path, name)
-        journaled = self._run.committed.get(name)
-        if journaled is not None and journaled != entry:
-            raise FormatError("the shard differs from the one the interrupted run committed", path=os.path.join(self.path, name))
-        return entry
-
-    def _remove_dead_writer_state(self) -> None:
-        """Remove the temporary files and unheld lock files that killed writers left here (this writer holds the
-        directory lock; a lock file is removed by taking its lock, so a live writer's is never touched)."""
-        remove_temporary_files(self.path, holding_directory_lock=True)
-        for name in os.listdir(self.path):
-            if name.endswith(LOCK_SUFFIX) and name != DIRECTORY_LOCK_NAME and _is_regular_file(os.path.join(self.path, name)):
-                try:
-                    lock_shard(os.path.join(self.path, name[: -len(LOCK_SUFFIX)])).release()
-                except VarstoreError:
-                    continue  # a live writer holds it, or it cannot be locked: not ours to remove
-
-    def _remove_shard_files(self, name: str) -> None:
-        """Remove a shard of an abandoned run, unless a live writer holds its name."""
-        prefix = os.path.join(self.path, name)
-        if not is_locked(shard_lock_path(prefix)):
-            remove_quietly(list(fmt.shard_paths(prefix)))
 
     def __len__(self) -> int:
         return self._record_count
@@ -383,7 +232,7 @@ class ShardedWriter:
         """The next number after every name the live manifest and this run used, skipping names taken on disk
         (by files, or by a live writer's lock; a killed writer's lock file is no claim)."""
         while True:
-            name = _numbered_shard_name(self._next_number, self.path)
+            name = numbered_shard_name(self._next_number, self.path)
             self._next_number += 1
             prefix = os.path.join(self.path, name)
             taken = any(map(os.path.lexists, fmt.shard_paths(prefix))) or is_locked(shard_lock_path(prefix))
@@ -526,37 +375,10 @@ class ShardedWriter:
             self._lock.release()
 
 
-def _number_after(names: Iterable[str]) -> int:
-    """One more than the highest number of a ``shard-NNNNNN`` name among `names` (0 if none)."""
-    numbers = [int(match.group(1)) for name in names if (match := _NUMBERED_SHARD.fullmatch(name))]
-    return max(numbers, default=-1) + 1
-
-
-def _numbered_shard_name(number: int, directory: str) -> str:
-    """``shard-NNNNNN`` for `number`; `FormatError` when that is no longer a valid shard name (over 200 characters)."""
-    name = f"shard-{number:06d}"
-    if not is_valid_shard_name(name):
-        raise FormatError(f"shard number {number} makes the name {name[:40]}... longer than 200 characters", path=directory)
-    return name
-
-
 def natural_order(name: str) -> tuple[Any, ...]:
     """Sort key comparing digit runs as numbers, so ``shard-999999`` comes before ``shard-1000000``."""
     parts = _DIGITS.split(name)
     return tuple(int(part) if position % 2 else part for position, part in enumerate(parts)) + (name,)
-
-
-def _is_regular_file(path: str) -> bool:
-    try:
-        return stat.S_ISREG(os.lstat(path).st_mode)
-    except FileNotFoundError:
-        return False
-
-
-def _shard_files(directory: str) -> list[str]:
-    """Committed or half-published shard files in `directory` (not temporary files)."""
-    return [name for name in os.listdir(directory)
-            if name.endswith((fmt.DATA_SUFFIX, fmt.INDEX_SUFFIX)) and TEMP_MARK not in name]
 
 
 def write_manifest(
