@@ -146,6 +146,6 @@ def test_ctrl_c_during_convert_exits_130_and_leaves_nothing(tmp_path):
         finally:
             process.kill()
         stderr = process.stderr.read().decode()
-    assert code == 130
+    assert code == 130, stderr
     assert stderr == "varstore convert: interrupted\n"
-    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "out").exists(), sorted(os.listdir(tmp_path / "out"))

@@ -234,3 +234,16 @@ def test_extend_flat_lengths_that_overflow_are_refused_never_committed(tmp_path_
     assert stored in ([], lengths)
     if stored:
         assert np.concatenate(list(varstore.open(path))).tolist() == values.tolist()
+
+
+def test_writer_interrupted_while_it_starts_leaves_no_file(tmp_path, monkeypatch):
+    """Ctrl-C landing after the temporary files exist: they go at once, not when the writer is garbage-collected
+    (a command removing the directory it created must find it empty)."""
+    def interrupted(*args, **options):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(varstore.writer, "write_all", interrupted)
+    with pytest.raises(KeyboardInterrupt) as caught:
+        varstore.Writer(tmp_path / "docs")
+    assert os.listdir(tmp_path) == []
+    del caught

@@ -64,9 +64,11 @@ class WriterLock:
             fd = self._open()
             try:
                 _flock_exclusive(fd)
-            except OSError as error:
-                holder = _read_holder(fd)
+            except BaseException as error:  # an interrupt (Ctrl-C) too: the descriptor must not outlive it
+                holder = _read_holder(fd) if isinstance(error, OSError) else ""
                 os.close(fd)
+                if not isinstance(error, OSError):
+                    raise
                 if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                     raise ConcurrentWriterError(
                         f"another writer is writing this {what} ({holder or 'holder unknown'}); "
@@ -84,9 +86,11 @@ class WriterLock:
         try:
             os.ftruncate(self._fd, 0)
             os.pwrite(self._fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
-        except OSError as error:
+        except BaseException as error:
             self.release()  # a disk that cannot take these few bytes cannot take the writer's files either
-            raise StorageError(f"cannot write the writer lock: {error.strerror or error}", path=path) from None
+            if isinstance(error, OSError):
+                raise StorageError(f"cannot write the writer lock: {error.strerror or error}", path=path) from None
+            raise
 
     def _open(self) -> int:
         """Open (creating) the lock file; read-only if it is another user's, since flock needs no write access."""

@@ -120,20 +120,21 @@ class Writer:
         except OSError as error:
             raise storage_error(error, "creating the shard's directory") from None
         self._lock = lock_shard(self.path)  # before any temporary file exists, so cleanup can tell ours apart
-        if not overwrite:
-            for final in (self.index_path, self.data_path):
-                if os.path.exists(final):
-                    self._discard()
-                    raise ShardExistsError("already exists; pass overwrite=True to replace it", path=final)
         try:
+            if not overwrite:
+                for final in (self.index_path, self.data_path):
+                    if os.path.exists(final):
+                        raise ShardExistsError("already exists; pass overwrite=True to replace it", path=final)
             for name in ("data", "index") + (("checksums",) if checksums else ()):
                 self._fds[name] = os.open(self._temporary[name], os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
             preamble = self._metadata + bytes(fmt.align8(fmt.HEADER_SIZE + len(self._metadata)) - fmt.HEADER_SIZE - len(self._metadata))
             write_all(self._fds["index"], bytes(fmt.HEADER_SIZE) + preamble)
             self._body_crc = crc32c(preamble)
-        except OSError as error:
+        except BaseException as error:  # an interrupt (Ctrl-C) too: nothing of a writer that never started is left
             self._discard()
-            raise storage_error(error, "creating the shard's temporary files") from None
+            if isinstance(error, OSError) and not isinstance(error, VarstoreError):
+                raise storage_error(error, "creating the shard's temporary files") from None
+            raise
 
     def __len__(self) -> int:
         return self._record_count
