@@ -60,16 +60,21 @@ def test_second_writer_of_one_shard_is_refused_while_the_first_lives(tmp_path):
     assert list(varstore.open(tmp_path / "docs")) == [b"second"]
 
 
-def test_shard_created_meanwhile_is_not_clobbered_at_commit(tmp_path, monkeypatch):
-    """Without the lock (another machine, say), the no-clobber link still lets only one writer publish."""
+def assert_only_the_first_of_two_unlocked_writers_publishes(prefix, monkeypatch) -> None:
+    """Two writers of one shard with the lock disabled (another machine, say): the later commit is refused."""
     monkeypatch.setattr(varstore.writer, "lock_shard", lambda prefix: None)
-    late = varstore.Writer(tmp_path / "docs")
+    late = varstore.Writer(prefix)
     late.append(b"late")
-    with varstore.Writer(tmp_path / "docs") as first:
+    with varstore.Writer(prefix) as first:
         first.append(b"first")
     with pytest.raises(varstore.ShardExistsError):
         late.close()
-    assert list(varstore.open(tmp_path / "docs")) == [b"first"]
+    assert list(varstore.open(prefix)) == [b"first"]
+
+
+def test_shard_created_meanwhile_is_not_clobbered_at_commit(tmp_path, monkeypatch):
+    """Without the lock, the no-clobber link still lets only one writer publish."""
+    assert_only_the_first_of_two_unlocked_writers_publishes(tmp_path / "docs", monkeypatch)
     assert sorted(os.listdir(tmp_path)) == ["docs.data", "docs.index"]
 
 
@@ -84,14 +89,7 @@ def test_filesystem_without_hard_links_falls_back_to_check_then_rename(tmp_path,
     assert list(varstore.open(tmp_path / "docs")) == [b"first"]
     with pytest.raises(varstore.ShardExistsError):
         varstore.Writer(tmp_path / "docs")
-    monkeypatch.setattr(varstore.writer, "lock_shard", lambda prefix: None)
-    late = varstore.Writer(tmp_path / "other")
-    late.append(b"late")
-    with varstore.Writer(tmp_path / "other") as first:
-        first.append(b"first")
-    with pytest.raises(varstore.ShardExistsError):
-        late.close()
-    assert list(varstore.open(tmp_path / "other")) == [b"first"]
+    assert_only_the_first_of_two_unlocked_writers_publishes(tmp_path / "other", monkeypatch)
 
 
 def test_append_after_close_is_a_closed_error(tmp_path):
