@@ -34,7 +34,7 @@ from .errors import FormatError
 
 MAGIC = b"\x89VSI\r\n\x1a\n"
 MAJOR_VERSION = 1
-MINOR_VERSION = 0
+MINOR_VERSION = 1
 HEADER_SIZE = 64
 OFFSET_SIZE = 8
 CHECKSUM_SIZE = 4
@@ -187,9 +187,14 @@ def dump_strict_json(value: Any, *, what: str, **options: Any) -> bytes:
     return raw
 
 
+def canonical_json(value: Any, *, what: str) -> bytes:
+    """`value` as canonical JSON (§1.4): members sorted by code point, no white space, so equal values give equal bytes."""
+    return dump_strict_json(value, what=what, sort_keys=True, separators=(",", ":"))
+
+
 def encode_metadata(codec_params: dict[str, Any], user: dict[str, Any]) -> bytes:
     """The metadata block: canonical JSON, so equal inputs give equal bytes; refuses what a reader would refuse."""
-    raw = dump_strict_json({"codec": codec_params, "user": user}, what="metadata", sort_keys=True, separators=(",", ":"))
+    raw = canonical_json({"codec": codec_params, "user": user}, what="metadata")
     if len(raw) > MAX_METADATA_SIZE:
         raise FormatError(f"metadata is {len(raw)} bytes, over the limit of {MAX_METADATA_SIZE}")
     return raw
