@@ -9,7 +9,7 @@ import pickle
 import pytest
 
 import varstore
-from varstore.manifest import MANIFEST_NAME
+from varstore.manifest import MANIFEST_NAME, manifest_crc32c
 
 
 def write_dataset(directory, records, **options) -> None:
@@ -99,6 +99,7 @@ def test_manifest_shard_names_must_be_plain_file_names(tmp_path, name):
     write_dataset(tmp_path, [b"a"])
     manifest = json.loads((tmp_path / MANIFEST_NAME).read_text())
     manifest["shards"][0]["name"] = name
+    manifest["crc32c"] = manifest_crc32c(manifest)
     (tmp_path / MANIFEST_NAME).write_text(json.dumps(manifest))
     with pytest.raises(varstore.FormatError, match="plain file names"):
         varstore.open(tmp_path)

@@ -27,6 +27,7 @@ MANIFEST_VERSION = 1
 MAX_MANIFEST_SIZE = 64 << 20
 _SHARD_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,199}")
 _U32 = 1 << 32
+_CRC32C = "crc32c"
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class Manifest:
     read from disk). A cryptographic digest, so no crafted replacement passes for the version a reader pinned."""
 
     def encode(self) -> bytes:
+        """The manifest file: indented JSON for people, with its ``"crc32c"`` member (`manifest_crc32c`)."""
         document = {
             "format": MANIFEST_FORMAT,
             "version": MANIFEST_VERSION,
@@ -60,7 +62,18 @@ class Manifest:
             "metadata": self.metadata,
             "shards": [asdict(entry) for entry in self.shards],
         }
+        document[_CRC32C] = manifest_crc32c(document)
         return fmt.dump_strict_json(document, what="the manifest", sort_keys=True, indent=1) + b"\n"
+
+
+def manifest_crc32c(document: dict[str, Any]) -> int:
+    """CRC32C of the canonical JSON (§1.4) of a manifest object without its ``"crc32c"`` member.
+
+    Over the canonical spelling of the parsed object, not the file's bytes, so it
+    protects every value (``"metadata"`` included) whatever the file's spacing.
+    """
+    members = {name: value for name, value in document.items() if name != _CRC32C}
+    return crc32c(fmt.canonical_json(members, what="the manifest"))
 
 
 def manifest_digest(raw: bytes) -> int:
@@ -85,6 +98,8 @@ def decode_manifest(raw: bytes, *, path: str) -> Manifest:
         raise FormatError(f'not a varstore manifest: expected "format": "{MANIFEST_FORMAT}"', path=path)
     if type(document.get("version")) is not int or document.get("version") != MANIFEST_VERSION:
         raise FormatError(f"manifest version {document.get('version')!r} is not supported; expected {MANIFEST_VERSION}", path=path)
+    if _CRC32C in document:  # absent in manifests of 1.0 writers, which are read without the check
+        _check_manifest_crc32c(document, path)
     codec, metadata, shards = document.get("codec"), document.get("metadata"), document.get("shards")
     if not isinstance(codec, dict) or not isinstance(codec.get("name"), str) or not isinstance(codec.get("params"), dict):
         raise FormatError('manifest "codec" must be {"name": str, "params": object}', path=path)
@@ -113,6 +128,17 @@ def decode_manifest(raw: bytes, *, path: str) -> Manifest:
             raise FormatError("the shards hold more than 2**63 - 1 records in total", path=path)
         entries.append(entry)
     return Manifest(codec["name"], codec["params"], metadata, entries, version=manifest_digest(raw))
+
+
+def _check_manifest_crc32c(document: dict[str, Any], path: str) -> None:
+    expected = _require_int(document[_CRC32C], 0, _U32, 'manifest "crc32c"', path)
+    computed = manifest_crc32c(document)
+    if computed != expected:
+        raise FormatError(
+            f"manifest checksum is {computed:#010x} over the canonical JSON of its members, expected {expected:#010x} "
+            'from its "crc32c" member: the manifest is damaged',
+            path=path,
+        )
 
 
 def read_manifest(directory: str) -> Manifest:
@@ -173,7 +199,8 @@ def shard_entry_size_bound(name: str) -> int:
     """Bytes that listing shard `name` can add to an encoded manifest, at most (whatever its sizes and checksums)."""
     largest = ShardEntry(name, (1 << 63) - 1, (1 << 63) - 1, (1 << 63) - 1, _U32 - 1, _U32 - 1)
     empty = Manifest("", {}, {})
-    return len(dataclasses.replace(empty, shards=[largest]).encode()) - len(empty.encode()) + 8
+    # + 8 for separators and indentation, + 10 for the digits of the "crc32c" member, which vary with the content.
+    return len(dataclasses.replace(empty, shards=[largest]).encode()) - len(empty.encode()) + 8 + 10
 
 
 def commit_manifest_file(directory: str, manifest: Manifest, *, overwrite: bool = False) -> None:
