@@ -47,6 +47,8 @@ def nested_lists(depth: int) -> list:
     (b'{"codec":{},"user":{"\\udc00":1}}', "lone surrogate"),
     (b'{"codec":{},"user":{"x":["\\udc00\\ud800"]}}', "lone surrogate"),
     (b'\xef\xbb\xbf{"codec":{},"user":{}}', "byte order mark"),
+    (b'{"codec":{},"user":{"x":[18446744073709551616]}}', r"integer 18446744073709551616 is outside \[-2\*\*63, 2\*\*64\)"),
+    (b'{"codec":{},"user":{"x":-9223372036854775809}}', r"integer -9223372036854775809 is outside \[-2\*\*63, 2\*\*64\)"),
     (b'{"codec":{},"user":{"x":' + b"[" * 63 + b"]" * 63 + b"}}", "nest 65 deep, over the limit of 64"),
 ])
 def test_metadata_that_strict_parsers_would_read_differently_is_refused(tmp_path, metadata, problem):

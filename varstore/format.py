@@ -42,6 +42,7 @@ FLAG_RECORD_CHECKSUMS = 1
 KNOWN_FLAGS = FLAG_RECORD_CHECKSUMS
 MAX_METADATA_SIZE = 16 << 20
 MAX_METADATA_DEPTH = 64  # arrays and objects, the outer object included
+MIN_JSON_INT, MAX_JSON_INT = -(1 << 63), 1 << 64  # JSON integers (no fraction, no exponent) lie in [MIN, MAX)
 MAX_DATA_SIZE = (1 << 63) - 1
 EDGE_SIZE = 4096
 
@@ -167,28 +168,51 @@ def edge_ranges(size: int) -> tuple[tuple[int, int], tuple[int, int]]:
 
 
 def dump_strict_json(value: Any, *, what: str, **options: Any) -> bytes:
-    """`value` as UTF-8 JSON that `parse_strict_json` accepts back: finite numbers, Unicode text, at most
-    MAX_METADATA_DEPTH arrays and objects deep (`options` go to json.dumps: key order, spacing)."""
+    """`value` as UTF-8 JSON that `parse_strict_json` accepts back: str member names, integers in
+    [-2**63, 2**64), finite floats, Unicode text, at most MAX_METADATA_DEPTH arrays and objects deep
+    (`options` go to json.dumps: key order, spacing)."""
+    _check_json_value(value, what)
     try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False, **options)
-    except RecursionError:
-        raise FormatError(f"{what} nests deeper than the limit of {MAX_METADATA_DEPTH} arrays and objects") from None
     except (TypeError, ValueError) as error:
         raise FormatError(f"{what} must be JSON-serialisable: {error}") from None
     try:
-        raw = text.encode("utf-8")
+        return text.encode("utf-8")
     except UnicodeEncodeError as error:
         raise FormatError(
             f"{what} holds text that is not valid Unicode (a lone surrogate {text[error.start]!r}), which UTF-8 cannot encode"
         ) from None
-    depth = json_depth(raw)
-    if depth > MAX_METADATA_DEPTH:
-        raise FormatError(f"{what} nests {depth} arrays and objects deep, over the limit of {MAX_METADATA_DEPTH}")
-    return raw
+
+
+def _check_json_value(value: Any, what: str) -> None:
+    """Refuse what JSON would change or a reader would refuse: member names that are not str (json.dumps
+    turns ``{10: 1, 9: 2}`` into ``{"9":2,"10":1}``, out of code-point order), integers outside [-2**63, 2**64),
+    nesting deeper than MAX_METADATA_DEPTH. Iterative and depth-bounded, so neither deep nor cyclic input recurses."""
+    pending = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, (dict, list, tuple)):
+            if depth > MAX_METADATA_DEPTH:
+                raise FormatError(f"{what} nests deeper than the limit of {MAX_METADATA_DEPTH} arrays and objects")
+            if isinstance(item, dict):
+                for name in item:
+                    if not isinstance(name, str):
+                        raise FormatError(f"{what} has the member name {name!r}: JSON object keys must be strings")
+                item = item.values()
+            pending.extend((member, depth + 1) for member in item)
+        elif isinstance(item, int) and not isinstance(item, bool) and not MIN_JSON_INT <= item < MAX_JSON_INT:
+            raise FormatError(f"{what} holds the integer {_short_int(item)}, outside [-2**63, 2**64)")
+
+
+def _short_int(value: int) -> str:
+    """`value` in decimal, or its size when the decimal would be long (str() refuses over 4300 digits)."""
+    return str(value) if value.bit_length() <= 256 else f"of {value.bit_length()} bits"
 
 
 def canonical_json(value: Any, *, what: str) -> bytes:
-    """`value` as canonical JSON (§1.4): members sorted by code point, no white space, so equal values give equal bytes."""
+    """`value` as the canonical JSON bytes of §1.4, the one spelling every writer of the format produces:
+    members sorted by the code points of their names, no white space, raw UTF-8 but for the escapes of
+    `"`, `\\` and U+0000-U+001F, numbers spelled as Python's repr spells them (shortest round trip)."""
     return dump_strict_json(value, what=what, sort_keys=True, separators=(",", ":"))
 
 
@@ -212,8 +236,9 @@ def decode_metadata(raw: bytes, *, path: str) -> tuple[dict[str, Any], dict[str,
 
 
 def parse_strict_json(raw: bytes, max_depth: int, *, what: str, path: str) -> Any:
-    """`raw` parsed as strict UTF-8 JSON: no BOM, NaN or Infinity, duplicate member name, lone surrogate escape,
-    or nesting deeper than `max_depth` (checked before parsing, so deep input never recurses)."""
+    """`raw` parsed as strict UTF-8 JSON: no BOM, NaN or Infinity, float overflowing float64, integer outside
+    [-2**63, 2**64), duplicate member name, lone surrogate escape, or nesting deeper than `max_depth` (checked
+    before parsing, so deep input never recurses)."""
     try:
         if raw.startswith(b"\xef\xbb\xbf"):
             raise ValueError("it starts with a byte order mark")
@@ -222,7 +247,11 @@ def parse_strict_json(raw: bytes, max_depth: int, *, what: str, path: str) -> An
         if depth > max_depth:
             raise ValueError(f"arrays and objects nest {depth} deep, over the limit of {max_depth}")
         value = json.loads(
-            text, parse_constant=_refuse_constant, parse_float=_finite_float, object_pairs_hook=_object_without_duplicates
+            text,
+            parse_constant=_refuse_constant,
+            parse_float=_finite_float,
+            parse_int=_bounded_int,
+            object_pairs_hook=_object_without_duplicates,
         )
         if _MAYBE_SURROGATE_ESCAPE.search(text) and _holds_surrogate(value):
             raise ValueError("a string holds a lone surrogate escape (\\ud800-\\udfff), which is not Unicode text")
@@ -243,6 +272,16 @@ def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
             if name in seen:
                 raise ValueError(f"member name {name!r} appears twice in one object")
             seen.add(name)
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    # Twenty characters hold every integer in range ("-9223372036854775808"); a longer one is out of range
+    # without converting it (int() of a long digit string is slow, and refused past 4300 digits).
+    value = int(text) if len(text) <= 20 else None
+    if value is None or not MIN_JSON_INT <= value < MAX_JSON_INT:
+        shown = text if len(text) <= 40 else f"{text[:40]}... ({len(text)} characters)"
+        raise ValueError(f"integer {shown} is outside [-2**63, 2**64)")
     return value
 
 
