@@ -139,9 +139,15 @@ def unpack_header(raw: bytes, *, index_size: int, path: str) -> Header:
         raise FormatError(f"metadata size {metadata_size} exceeds the limit of {MAX_METADATA_SIZE} bytes", path=path)
     if data_size > MAX_DATA_SIZE:
         raise FormatError(f"data size {data_size} exceeds the limit of {MAX_DATA_SIZE} bytes", path=path)
+    offsets_start = align8(HEADER_SIZE + metadata_size)
+    if index_size < offsets_start + OFFSET_SIZE:
+        raise FormatError(
+            f"index file is {index_size} bytes, smaller than offsets_start + 8 = {offsets_start + OFFSET_SIZE} "
+            f"(the header, {metadata_size} bytes of metadata, padding and one offset)",
+            path=path,
+        )
     per_record = OFFSET_SIZE + (CHECKSUM_SIZE if flags & FLAG_RECORD_CHECKSUMS else 0)
-    room = index_size - align8(HEADER_SIZE + metadata_size) - OFFSET_SIZE
-    if room < 0 or record_count > room // per_record:
+    if record_count > (index_size - offsets_start - OFFSET_SIZE) // per_record:
         raise FormatError(
             f"header claims {record_count} records but the {index_size}-byte index file cannot hold them", path=path
         )
