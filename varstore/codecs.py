@@ -6,12 +6,16 @@ Four codecs, each with a fixed id in the index header:
 - ``str`` (1): UTF-8 text.
 - ``ndarray`` (2): one dtype and optional fixed trailing shape per shard; a record
   of shape ``(L, *shape)`` is its C-order little-endian elements, and reads are
-  zero-copy read-only views of the map.
+  zero-copy read-only views of the map. A ``|b1`` element is the byte 0 or 1.
 - ``msgpack`` (3): structured samples (dicts with str or int keys, lists, str, int,
-  float, bool, None, bytes, numpy arrays). Arrays and numpy scalars use msgpack
-  extension type 1. A writer refuses what a reader would not return equal
-  after the normalisations of spec §2.2 (tuples read back as lists, numpy
-  integer keys as int, numpy scalars as 0-d arrays, ...).
+  float, bool, None, bytes, numpy arrays). Arrays use msgpack extension type 1;
+  numpy float64, str_ and bytes_ are Python float, str and bytes and are stored as
+  such, every other numpy scalar as a 0-d array. A writer refuses what a reader
+  would not return equal after the normalisations of spec §2.2 (tuples read
+  back as lists, numpy integer keys as int, numpy scalars as 0-d arrays, ...).
+
+Codec parameters stored in a shard or manifest are exact (spec §2): a missing or
+unknown member is a FormatError, never a default.
 
 Nothing here ever pickles or evaluates.
 """
@@ -52,6 +56,15 @@ def canonical_dtype(dtype: Any) -> np.dtype:
     return resolved
 
 
+def check_bool_bytes(values: np.ndarray) -> None:
+    """Raise ValueError naming the first of the bytes `values` (uint8, the elements of a ``|b1`` array) that is
+    neither 0 nor 1: numpy reads any non-zero byte as True, so another value has no single meaning (spec §2.1)."""
+    invalid = values > 1
+    if invalid.any():
+        position = int(invalid.argmax())
+        raise ValueError(f"|b1 element {position} is the byte {int(values.flat[position])}; a |b1 element is 0 or 1")
+
+
 def _dtype_from_stored(text: Any, *, path: str) -> np.dtype:
     if not isinstance(text, str) or text not in ALLOWED_DTYPES:
         raise FormatError(f"stored dtype {text!r} is not one of {', '.join(ALLOWED_DTYPES)}", path=path)
@@ -63,6 +76,7 @@ class Codec:
 
     id: int
     name: str
+    param_names: tuple[str, ...] = ()  # exactly the members of `params()`, all required (spec §2)
 
     def params(self) -> dict[str, Any]:
         """The parameters stored in the shard's metadata so a reader can rebuild this codec."""
@@ -113,6 +127,7 @@ class NdarrayCodec(Codec):
     """Arrays of one dtype and trailing shape; a record's first dimension varies."""
 
     id, name = 2, "ndarray"
+    param_names = ("dtype", "shape")
 
     def __init__(self, dtype: Any, shape: Sequence[int] = ()) -> None:
         self.dtype = canonical_dtype(dtype)
@@ -134,13 +149,19 @@ class NdarrayCodec(Codec):
         if array.ndim != 1 + len(self.shape) or array.shape[1:] != self.shape:
             raise RecordTypeError(f"record of shape {array.shape} does not fit the shard's shape (L, *{self.shape})")
         array = _cast_exactly(array, self.dtype)
-        return memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+        payload = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        if self.dtype.kind == "b":
+            _refuse_invalid_bools(payload)
+        return memoryview(payload)  # type: ignore[arg-type]
 
     def decode(self, buffer: Any, start: int, end: int) -> np.ndarray:
         return self.decoder_for(buffer)(buffer, start, end)
 
     def rows(self, buffer: Any) -> np.ndarray:
-        """The whole buffer as one read-only array of rows; it must hold a whole number of rows."""
+        """The whole buffer as one read-only array of rows; it must hold a whole number of rows.
+
+        Its ``|b1`` bytes are not checked here (that would read the whole buffer): whoever hands out
+        records from these rows checks them with `records_with_invalid_bools` or `check_bool_bytes`."""
         if len(buffer) % self.row_size:
             raise ValueError(f"{len(buffer)} bytes are not a whole number of {self.row_size}-byte rows")
         return np.frombuffer(buffer, self.dtype).reshape((-1, *self.shape))
@@ -148,13 +169,26 @@ class NdarrayCodec(Codec):
     def decoder_for(self, buffer: Any) -> Callable[[Any, int, int], np.ndarray]:
         """Records become slices of one array over the whole map: a view each, no per-record frombuffer."""
         rows, row_size = self.rows(buffer), self.row_size
+        data = np.frombuffer(buffer, np.uint8) if self.dtype.kind == "b" else None
 
         def decode(_buffer: Any, start: int, end: int) -> np.ndarray:
             if start % row_size or end % row_size:
                 raise ValueError(f"offsets [{start}, {end}) are not on {row_size}-byte row boundaries")
+            if data is not None:
+                check_bool_bytes(data[start:end])
             return rows[start // row_size : end // row_size]
 
         return decode
+
+    def records_with_invalid_bools(self, data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """Positions k of the records ``data[offsets[k]:offsets[k + 1]]`` holding a byte other than 0 or 1, for a
+        ``|b1`` shard (always none for other dtypes): one vectorised pass over `data` (uint8) from offsets[0]
+        to offsets[-1], for reads and verification of many records at once."""
+        if self.dtype.kind != "b" or len(offsets) < 2:
+            return np.zeros(0, np.int64)
+        first = int(offsets[0])
+        invalid = np.flatnonzero(data[first : int(offsets[-1])] > 1) + first
+        return np.unique(np.searchsorted(offsets, invalid, "right") - 1)
 
 
 def _cast_exactly(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -209,13 +243,25 @@ def _real_parts(array: np.ndarray) -> tuple[np.ndarray, ...]:
     return (array.real, array.imag) if array.dtype.kind == "c" else (array,)
 
 
+def _refuse_invalid_bools(values: np.ndarray) -> None:
+    """A writer's `check_bool_bytes`: a bool array viewing other bytes (``uint8s.view(bool)``) is refused, not
+    normalised, so what is stored is exactly the array's bytes (spec §2.1)."""
+    try:
+        check_bool_bytes(values)
+    except ValueError as error:
+        raise RecordTypeError(f"{error}: this bool array views other bytes; store (array.view(np.uint8) != 0)") from None
+
+
 def _pack_array(array: np.ndarray) -> msgpack.ExtType:
     dtype = canonical_dtype(array.dtype)
     if array.ndim >= MAX_ARRAY_DIMS:
         raise RecordTypeError(f"arrays may have at most {MAX_ARRAY_DIMS - 1} dimensions, not {array.ndim}")
     name = dtype.str.encode("ascii")
     head = bytes([len(name)]) + name + bytes([array.ndim]) + struct.pack(f"<{array.ndim}Q", *array.shape)
-    data = head + np.ascontiguousarray(array, dtype=dtype).tobytes()
+    body = np.ascontiguousarray(array, dtype=dtype).tobytes()
+    if dtype.kind == "b":
+        _refuse_invalid_bools(np.frombuffer(body, np.uint8))
+    data = head + body
     if not array.size and (problem := _empty_shape_problem(array.shape, len(data))):
         raise RecordTypeError(f"an empty array of shape {array.shape} cannot be stored: {problem} (spec §2.2)")
     return msgpack.ExtType(ARRAY_EXT_TYPE, data)
@@ -259,6 +305,8 @@ def _unpack_array(data: bytes) -> np.ndarray:
         raise ValueError(f"array extension of shape {shape} and dtype {dtype.str} does not match its {len(data) - body_start} bytes")
     if len(data) == body_start and (problem := _empty_shape_problem(shape, len(data))):
         raise ValueError(f"empty array extension of shape {shape} claims more than it holds: {problem}")
+    if dtype.kind == "b":
+        check_bool_bytes(np.frombuffer(data, np.uint8, offset=body_start))
     return np.frombuffer(data, dtype, offset=body_start).reshape(shape)
 
 
@@ -367,10 +415,12 @@ def codec_from_stored(codec: int | str, params: dict[str, Any], *, path: str) ->
     codec_id = _BY_NAME[codec].id if isinstance(codec, str) and codec in _BY_NAME else codec
     if codec_id not in _BY_ID:
         raise FormatError(f"unknown codec {codec!r}; known: {', '.join(CODEC_NAMES)}", path=path)
-    if codec_id != NdarrayCodec.id:
-        return _BY_ID[codec_id]()
-    dtype = _dtype_from_stored(params.get("dtype"), path=path)
-    shape = params.get("shape", [])
+    codec_class = _BY_ID[codec_id]
+    _check_param_names(codec_class, params, path=path)
+    if codec_class is not NdarrayCodec:
+        return codec_class()
+    dtype = _dtype_from_stored(params["dtype"], path=path)
+    shape = params["shape"]
     if (
         not isinstance(shape, list)
         or len(shape) >= MAX_ARRAY_DIMS
@@ -381,3 +431,17 @@ def codec_from_stored(codec: int | str, params: dict[str, Any], *, path: str) ->
         return NdarrayCodec(dtype, shape)
     except RecordTypeError as error:
         raise FormatError(f"stored codec parameters are impossible: {error}", path=path) from None
+
+
+def _check_param_names(codec: type[Codec], params: Any, *, path: str) -> None:
+    """Refuse stored parameters whose members are not exactly the codec's (spec §2): a "shape" lost to a flipped
+    byte must not read as [] and turn rows into 1-D records, nor may ndarray parameters ride on a bytes shard."""
+    expected = ", ".join(map(repr, codec.param_names)) or "none"
+    if not isinstance(params, dict):
+        raise FormatError(f"{codec.name} codec parameters must be an object, not {type(params).__name__}", path=path)
+    for name in codec.param_names:
+        if name not in params:
+            raise FormatError(f"{codec.name} codec parameters lack the member {name!r}; expected exactly {expected}", path=path)
+    for name in params:
+        if name not in codec.param_names:
+            raise FormatError(f"{codec.name} codec parameters have the unknown member {name!r}; expected exactly {expected}", path=path)
