@@ -119,6 +119,7 @@ SPELLINGS = [
     ({"$map": [["$bytes", "00"]]}, {"$bytes": "00"}),
     ({"$map": [["a", 1], ["$array", [1]]]}, {"a": 1, "$array": [1]}),
     ({"$map": [[1, "int key"], ["1", "str key"], [-2, None]]}, {1: "int key", "1": "str key", -2: None}),
+    ({"$map": [[2**64 - 1, -(2**63)]]}, {2**64 - 1: -(2**63)}),
     ({"b": 1, "a": 1.0, "c": [True, None, -0.0, 1e100]}, {"b": 1, "a": 1.0, "c": [True, None, -0.0, 1e100]}),
     ({"$bytes": ""}, b""),
     ({"$bytes": "00ff10"}, b"\x00\xff\x10"),
@@ -196,6 +197,8 @@ REFUSED = [
     ({"$map": [["a", 1]]}, "spelled as a plain object"),
     ({"$map": []}, "spelled as a plain object"),
     ([{"x": [{"$map": [["$k", {"$bytes": "0g"}]]}]}], "'0g'"),
+    ([2**64, 0], "integer 18446744073709551616 is outside"),
+    ({"$map": [[-(2**63) - 1, "x"]]}, "integer -9223372036854775809 is outside"),
     (math.nan, "not a JSON number"),
     ([math.inf], "not a JSON number"),
 ]

@@ -1,7 +1,7 @@
 """Records spelled in strict JSON, the notation of spec/FORMAT.md §6.1: golden vectors and `varstore dump --json`.
 
 null, true, false, strings and arrays are themselves; a number written without fraction or exponent is an
-integer, any other a float (`to_json` keeps floats floats, so 1.0 prints as ``1.0``). Four one-member objects
+integer (in msgpack's range), any other a float (`to_json` keeps floats floats, so 1.0 prints as ``1.0``). Four one-member objects
 spell what JSON lacks: ``{"$bytes": "lowercase hex"}``, ``{"$float": "NaN" | "Infinity" | "-Infinity"}``,
 ``{"$array": {"dtype": D, "shape": [...], "values": [flat, C order]}}`` and ``{"$map": [[key, value], ...]}``.
 A map is a plain object only when all its keys are str and none starts with "$"; otherwise it is a ``$map``,
@@ -24,6 +24,7 @@ _NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _LOWERCASE_HEX = re.compile("(?:[0-9a-f]{2})*")
 _ARRAY_MEMBERS = {"dtype", "shape", "values"}
 _SHOWN_CHARACTERS = 100
+_MIN_INTEGER, _INTEGER_BOUND = -(1 << 63), 1 << 64
 
 
 # -- to_json ----------------------------------------------------------------------------------------------
@@ -94,6 +95,12 @@ def _is_integer(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _integer_from_json(value: int) -> int:
+    if not _MIN_INTEGER <= value < _INTEGER_BOUND:
+        raise ValueError(f"integer {value} is outside msgpack's range [-2**63, 2**64)")
+    return value
+
+
 def _finite_from_json(value: Any) -> float:
     if not math.isfinite(value):
         raise ValueError(f"{value!r} is not a JSON number: non-finite floats are spelled {{\"$float\": ...}}")
@@ -124,7 +131,7 @@ def _map_from_json(body: Any) -> dict[str | int, Any]:
             raise ValueError(f'a "$map" key is a string or an integer, not {_shown(key)}')
         if key in result:
             raise ValueError(f'"$map" holds the key {key!r} twice')
-        result[key] = from_json(value)
+        result[key if isinstance(key, str) else _integer_from_json(key)] = from_json(value)
     if all(map(_is_plain_name, result)):
         raise ValueError(f'a map whose keys are all strings not starting with "$" is spelled as a plain object, not {_shown(body)}')
     return result
@@ -223,6 +230,8 @@ def from_json(value: Any) -> Any:
         return [from_json(item) for item in value]
     if isinstance(value, float):
         return _finite_from_json(value)
-    if value is None or isinstance(value, (bool, int, str)):
+    if _is_integer(value):
+        return _integer_from_json(value)
+    if value is None or isinstance(value, (bool, str)):
         return value
     raise ValueError(f"not a parsed JSON value: {_shown(value)} ({type(value).__name__})")
