@@ -5,7 +5,7 @@ JSON of the metadata (§1.4) and the canonical MessagePack of records (§2.2) ar
 spec's words, so a vector it reproduces byte for byte is an expected value independent of the code under
 test. The one borrowed piece is Python's ``repr(float)``, used only for the shortest round-trip digit string
 of a float (the spelling around those digits follows §1.4 here); CRC32C is the spec-side one of
-spec_reader. `to_notation` spells what spec_reader decodes, for comparing reads with descriptions.
+spec_reader.
 """
 
 from __future__ import annotations
@@ -310,34 +310,3 @@ def header_facts(shard: ShardBytes) -> dict[str, Any]:
     record_count, data_size = struct.unpack_from("<QQ", shard.index, 16)
     (data_crc32c,) = struct.unpack_from("<I", shard.index, 40)
     return {"format_version": [major, minor], "record_count": record_count, "data_size": data_size, "data_crc32c": data_crc32c}
-
-
-# -- what a spec-side reader decoded -> notation --------------------------------------------------------
-
-
-def to_notation(record: Any) -> Any:
-    """The §6 spelling of a record as spec_reader returns it (numpy arrays, dicts, lists, bytes, scalars)."""
-    if record is None or isinstance(record, (bool, int, str)):
-        return record
-    if isinstance(record, float):
-        return _float_notation(record)
-    if isinstance(record, bytes):
-        return {"$bytes": record.hex()}
-    if isinstance(record, list):
-        return [to_notation(item) for item in record]
-    if isinstance(record, dict):
-        if all(isinstance(key, str) and not key.startswith("$") for key in record):
-            return {key: to_notation(item) for key, item in record.items()}
-        return {"$map": [[key, to_notation(item)] for key, item in record.items()]}
-    flat = record.reshape(-1).tolist()  # a numpy array
-    if record.dtype.kind == "c":
-        values = [[_float_notation(item.real), _float_notation(item.imag)] for item in flat]
-    else:
-        values = [_float_notation(item) if isinstance(item, float) else item for item in flat]
-    return {"$array": {"dtype": record.dtype.str, "shape": list(record.shape), "values": values}}
-
-
-def _float_notation(value: float) -> Any:
-    if math.isfinite(value):
-        return value
-    return {"$float": "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"}

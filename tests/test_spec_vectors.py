@@ -126,7 +126,7 @@ def test_spec_only_reader_reads_vector_back_to_its_description(name):
     for field in ("codec_params", "metadata", "record_checksums", *HEADER_FACTS):
         assert _json_text(shard[field]) == _json_text(expected[field]), field
     for index, (record, spelled) in enumerate(zip(shard["records"], expected["records"], strict=True)):
-        assert _notation_text(spec_writer.to_notation(record)) == _notation_text(spelled), f"record {index}"
+        assert _notation_text(spec_reader.notation(record)) == _notation_text(spelled), f"record {index}"
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -148,3 +148,12 @@ def test_library_reads_quiet_nans_of_each_width_from_the_vectors():
     assert bytes.fromhex("0000c07f") in data
     with varstore.open(VECTORS / "ndarray-float32-keypoints") as reader:
         assert math.isnan(reader[0][1, 0, 0])
+
+
+def test_make_vectors_refuses_a_shard_whose_header_disagrees_with_its_description(tmp_path):
+    make_vectors = _make_vectors()
+    description = _description("bytes-basic")
+    make_vectors.write_vector(tmp_path / "bytes-basic", description)
+    assert make_vectors.header_disagreements(tmp_path / "bytes-basic", description) == []
+    wrong = {**description, "data_crc32c": description["data_crc32c"] ^ 1, "record_count": 5}
+    assert len(make_vectors.header_disagreements(tmp_path / "bytes-basic", wrong)) == 2
