@@ -222,13 +222,13 @@ def decode_record(codec: Codec, payload: bytes) -> Any:
             raise SpecError("§2", f"str record is not valid UTF-8: {error}") from None
     if codec.name == "ndarray":
         require(len(payload) % codec.row_size == 0, "§2.1", f"{len(payload)} bytes are not whole {codec.row_size}-byte rows")
-        return _array_of(codec.dtype, payload, (-1, *codec.shape))
+        return _array_of(codec.dtype, payload, (-1, *codec.shape), "§2.1")
     return decode_msgpack(payload)
 
 
-def _array_of(dtype: np.dtype, body: bytes, shape: tuple[int, ...]) -> np.ndarray:
+def _array_of(dtype: np.dtype, body: bytes, shape: tuple[int, ...], rule: str) -> np.ndarray:
     if dtype.str == "|b1":
-        require(set(body) <= {0, 1}, "§2.1", "a |b1 element is the byte 0 or 1")
+        require(set(body) <= {0, 1}, rule, "a |b1 element is the byte 0 or 1")
     return np.frombuffer(body, dtype).reshape(shape)
 
 
@@ -256,10 +256,22 @@ def _unpack(data: bytes, position: int, depth: int) -> tuple[Any, int]:
     """The object at `position` and the position after it; `depth` counts the containers around it."""
     tag = _take(data, position, 1)[0]
     position += 1
+    if 0x80 <= tag <= 0x9F or 0xDC <= tag <= 0xDF:  # fixmap, fixarray, array 16/32, map 16/32
+        is_map = tag < 0x90 or tag >= 0xDE
+        if tag <= 0x9F:
+            count = tag & 0x0F
+        else:
+            size_bytes = 2 if tag in (0xDC, 0xDE) else 4
+            count, position = _unsigned(data, position, size_bytes), position + size_bytes
+        require(depth < MAX_MSGPACK_DEPTH, "§2.2", f"containers nest deeper than {MAX_MSGPACK_DEPTH}")
+        require(count <= len(data) - position, "§2.2", f"a container claims {count} elements, more than the bytes left")
+        items = []
+        for _ in range(2 * count if is_map else count):
+            item, position = _unpack(data, position, depth + 1)
+            items.append(item)
+        return (_map(items) if is_map else items), position
     if tag <= 0x7F or tag >= 0xE0:
         return (tag if tag <= 0x7F else tag - 0x100), position
-    if 0x80 <= tag <= 0x9F:
-        return _container(data, position, tag & 0x0F, tag < 0x90, depth)
     if 0xA0 <= tag <= 0xBF:
         return _text(data, position, tag & 0x1F)
     if tag in (0xC0, 0xC2, 0xC3):
@@ -282,12 +294,9 @@ def _unpack(data: bytes, position: int, depth: int) -> tuple[Any, int]:
         return int.from_bytes(_take(data, position, size), "big", signed=True), position + size
     if 0xD4 <= tag <= 0xD8:  # fixext 1/2/4/8/16
         return _extension(data, position, 1 << (tag - 0xD4))
-    if tag in (0xD9, 0xDA, 0xDB):  # str 8/16/32
-        size_bytes = 1 << (tag - 0xD9)
-        return _text(data, position + size_bytes, _unsigned(data, position, size_bytes))
     require(tag != 0xC1, "§2.2", "the byte c1 is never used")
-    size_bytes = 2 if tag in (0xDC, 0xDE) else 4  # array 16/32, map 16/32
-    return _container(data, position + size_bytes, _unsigned(data, position, size_bytes), tag >= 0xDE, depth)
+    size_bytes = 1 << (tag - 0xD9)  # str 8/16/32
+    return _text(data, position + size_bytes, _unsigned(data, position, size_bytes))
 
 
 def _text(data: bytes, position: int, length: int) -> tuple[str, int]:
@@ -297,20 +306,12 @@ def _text(data: bytes, position: int, length: int) -> tuple[str, int]:
         raise SpecError("§2.2", f"str is not valid UTF-8: {error}") from None
 
 
-def _container(data: bytes, position: int, count: int, is_map: bool, depth: int) -> tuple[Any, int]:
-    require(depth < MAX_MSGPACK_DEPTH, "§2.2", f"containers nest deeper than {MAX_MSGPACK_DEPTH}")
-    require(count <= len(data) - position, "§2.2", f"a container claims {count} elements, more than the bytes left")
-    items = []
-    for _ in range(count * 2 if is_map else count):
-        item, position = _unpack(data, position, depth + 1)
-        items.append(item)
-    if not is_map:
-        return items, position
+def _map(items: list) -> dict:
     keys = items[0::2]
     require(all(type(key) in (str, int) for key in keys), "§2.2", f"map keys are str or integers, found {keys}")
     result = dict(zip(keys, items[1::2]))
-    require(len(result) == count, "§2.2", f"a map holds the same key twice among {keys}")
-    return result, position
+    require(len(result) == len(keys), "§2.2", f"a map holds the same key twice among {keys}")
+    return result
 
 
 def _extension(data: bytes, position: int, length: int) -> tuple[np.ndarray, int]:
@@ -335,7 +336,7 @@ def _array_extension(data: bytes) -> np.ndarray:
         leading = shape[: shape.index(0)]
         require(all(dim <= max(len(data), 1 << 16) for dim in leading), "§2.2", f"empty array {shape}: a dimension before its first 0 is too large")
         require(math.prod(dim for dim in shape if dim) <= 1 << 24, "§2.2", f"empty array {shape}: non-zero dimensions multiply past 2^24")
-    return _array_of(np.dtype(dtype), body, shape)
+    return _array_of(np.dtype(dtype), body, shape, "§2.2")
 
 
 # -- a shard (§1) ------------------------------------------------------------------------------
