@@ -77,7 +77,11 @@ def from_notation(value: Any) -> Any:
     if name == "$float":
         return _non_finite(body)
     if name == "$map":
-        return Map(tuple(_map_entry(entry) for entry in body))
+        entries = tuple(_map_entry(entry) for entry in body)
+        keys = [(type(key), key) for key, _ in entries]
+        if len(set(keys)) != len(keys) or all(isinstance(key, str) and not key.startswith("$") for key, _ in entries):
+            raise NotationError(f"a $map has no key twice and a key that is an integer or starts with $: {body!r}")
+        return Map(entries)
     if name == "$array":
         if set(body) != {"dtype", "shape", "values"}:
             raise NotationError(f"$array has exactly dtype, shape and values: {sorted(body)}")

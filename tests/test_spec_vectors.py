@@ -102,6 +102,18 @@ def test_spec_writer_msgpack_uses_the_smallest_forms_of_section_2_2(notation, he
     assert spec_writer.msgpack_bytes(spec_writer.from_notation(notation)).hex() == hex_bytes
 
 
+@pytest.mark.parametrize(
+    "invalid",
+    [
+        {"$foo": 1}, {"$bytes": "AB"}, {"$bytes": "00", "x": 1}, {"$float": "nan"}, {"$map": [["a", 1]]}, {"$map": []},
+        {"$map": [[1, 0], [1, 2]]}, {"$array": {"dtype": "<f4", "shape": [1], "values": [0.1]}}, 1 << 64, -(1 << 63) - 1,
+    ],
+)
+def test_spec_writer_refuses_what_section_6_1_calls_invalid(invalid):
+    with pytest.raises(spec_writer.NotationError):
+        spec_writer.from_notation(invalid)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_spec_writer_reproduces_vector_byte_for_byte(name):
     expected = _description(name)
