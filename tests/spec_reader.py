@@ -1,6 +1,6 @@
 """A reader of varstore shards and datasets written from spec/FORMAT.md alone: the independent judge of its rules.
 
-It imports nothing from varstore (only the standard library and numpy). Every
+It imports nothing from varstore (only the standard library, numpy, and spec_writer's canonical JSON). Every
 refusal is a `SpecError` whose `rule` names the spec section (and §1.3 step)
 it enforces, and the reader is staged as the spec is, so a test can tell
 *when* a reader must refuse:
@@ -155,30 +155,6 @@ def _holds_surrogate(value: Any) -> bool:
     if isinstance(value, list):
         return any(_holds_surrogate(item) for item in value)
     return False
-
-
-_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
-
-
-def canonical_json(value: Any) -> bytes:
-    """The canonical JSON bytes of §1.4: no white space, members sorted by code point, minimal string escapes."""
-    if value is None or isinstance(value, bool):
-        return {None: b"null", True: b"true", False: b"false"}[value]
-    if isinstance(value, int):
-        return str(value).encode()
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError("canonical JSON has no NaN or infinities")
-        # Python's repr is the shortest round-trip digit string, positional exactly when 1e-4 <= |x| < 1e16,
-        # with ".0" on integral values and exponents spelled e+16, e-05: the spelling §1.4 specifies.
-        return repr(value).encode()
-    if isinstance(value, str):
-        quoted = "".join(_ESCAPES.get(char) or (f"\\u{ord(char):04x}" if char < " " else char) for char in value)
-        return f'"{quoted}"'.encode("utf-8")
-    if isinstance(value, list):
-        return b"[" + b",".join(map(canonical_json, value)) + b"]"
-    members = sorted(value.items())  # Python orders str by code point
-    return b"{" + b",".join(canonical_json(name) + b":" + canonical_json(item) for name, item in members) + b"}"
 
 
 # -- codecs (§2) -------------------------------------------------------------------------------
@@ -352,9 +328,12 @@ class Shard:
     offsets: tuple[int, ...]
     checksums: tuple[int, ...] | None
 
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
     def record(self, i: int) -> Any:
         """Record i, with the checks of every read (§1.3): its offsets are in order and inside the data; it decodes."""
-        require(0 <= i < len(self.offsets) - 1, "§1.3 read", f"record {i} does not exist")
+        require(0 <= i < len(self), "§1.3 read", f"record {i} does not exist")
         start, end = self.offsets[i], self.offsets[i + 1]
         require(start <= end <= len(self.data), "§1.3 read", f"record {i} has offsets [{start}, {end})")
         return decode_record(self.codec, self.data[start:end])
@@ -363,11 +342,11 @@ class Shard:
         """Full verification (§1.3): every byte and every read rule for every record."""
         require(crc32c(self.index[64:]) == self.header["body_crc32c"], "§1.3 verify", "body_crc32c")
         require(all(a <= b for a, b in zip(self.offsets, self.offsets[1:])), "§1.3 read", "offsets decrease")
-        for i in range(len(self.offsets) - 1):
+        for i in range(len(self)):
             payload = self.data[self.offsets[i] : self.offsets[i + 1]]
             require(self.checksums is None or crc32c(payload) == self.checksums[i], "§1.3 verify", f"record {i} checksum")
         require(crc32c(self.data) == self.header["data_crc32c"], "§1.3 verify", "data_crc32c")
-        for i in range(len(self.offsets) - 1):
+        for i in range(len(self)):
             self.record(i)
 
 
@@ -437,15 +416,16 @@ class Dataset:
     manifest: dict
     shards: list[Shard]
 
+    def __len__(self) -> int:
+        return sum(map(len, self.shards))
+
     def record(self, g: int) -> Any:
         """Global record g: local record g - s_k of shard k (§3)."""
-        require(g >= 0, "§1.3 read", f"record {g} does not exist")
+        require(0 <= g < len(self), "§1.3 read", f"record {g} does not exist")
         for shard in self.shards:
-            count = len(shard.offsets) - 1
-            if g < count:
+            if g < len(shard):
                 return shard.record(g)
-            g -= count
-        raise SpecError("§1.3 read", "record does not exist")
+            g -= len(shard)
 
     def verify(self) -> None:
         for shard, entry in zip(self.shards, self.manifest["shards"]):
@@ -466,6 +446,8 @@ def parse_manifest(raw: bytes) -> dict:
     require(manifest["format"] == "varstore-dataset", rule, f"format {manifest['format']!r}")
     require(type(manifest["version"]) is int and manifest["version"] == 1, rule, f"version {manifest['version']!r}")
     if "crc32c" in manifest:
+        from .spec_writer import canonical_json  # the spec-side §1.4 spelling; imported here, as it imports crc32c from us
+
         without = {name: value for name, value in manifest.items() if name != "crc32c"}
         require(manifest["crc32c"] == crc32c(canonical_json(without)), rule, "crc32c of the canonical manifest")
     codec, metadata, shards = manifest["codec"], manifest["metadata"], manifest["shards"]
