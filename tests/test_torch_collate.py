@@ -29,10 +29,21 @@ def _same(tensor: torch.Tensor, array: np.ndarray) -> bool:
     return tensor.shape == array.shape and np.array_equal(tensor.numpy(), array, equal_nan=array.dtype.kind == "f")
 
 
-@given(batches(), st.integers(1, 8), st.booleans())
-def test_padded_batch_holds_each_sample_then_padding(samples, multiple, as_tensors):
+def _identical(got: torch.Tensor, expected: torch.Tensor) -> None:
+    torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)
+
+
+def _expected_dtype(sample: np.ndarray, as_tensors: bool, keep_dtype: bool) -> torch.dtype:
+    """Integer numpy samples become int64 unless keep_dtype; tensors, floats and bools keep their dtype."""
+    converted = not as_tensors and not keep_dtype and sample.dtype.kind in "iu"
+    return torch.int64 if converted else torch.from_numpy(sample).dtype
+
+
+@given(batches(), st.integers(1, 8), st.booleans(), st.booleans())
+def test_padded_batch_holds_each_sample_then_padding(samples, multiple, as_tensors, keep_dtype):
     inputs = [torch.from_numpy(sample.copy()) for sample in samples] if as_tensors else samples
-    batch = collate_padded(inputs, pad_value=1, pad_to_multiple=multiple)
+    batch = collate_padded(inputs, pad_value=1, pad_to_multiple=multiple, keep_dtype=keep_dtype)
+    assert batch.values.dtype == _expected_dtype(samples[0], as_tensors, keep_dtype)
     lengths = [len(sample) for sample in samples]
     assert batch.values.shape[1] == math.ceil(max(lengths) / multiple) * multiple
     assert batch.lengths.tolist() == lengths
@@ -42,10 +53,11 @@ def test_padded_batch_holds_each_sample_then_padding(samples, multiple, as_tenso
         assert batch.mask[row].tolist() == [column < len(sample) for column in range(batch.values.shape[1])]
 
 
-@given(batches(), st.booleans())
-def test_jagged_batch_is_the_samples_back_to_back(samples, as_tensors):
+@given(batches(), st.booleans(), st.booleans())
+def test_jagged_batch_is_the_samples_back_to_back(samples, as_tensors, keep_dtype):
     inputs = [torch.from_numpy(sample.copy()) for sample in samples] if as_tensors else samples
-    batch = collate_jagged(inputs)
+    batch = collate_jagged(inputs, keep_dtype=keep_dtype)
+    assert batch.values.dtype == _expected_dtype(samples[0], as_tensors, keep_dtype)
     assert batch.offsets.dtype == torch.int64
     assert batch.offsets.tolist() == [0, *np.cumsum([len(sample) for sample in samples]).tolist()]
     for row, sample in enumerate(samples):
@@ -59,12 +71,14 @@ def test_a_batch_read_flat_collates_like_the_list_of_its_samples(samples):
     flat = FlatBatch(np.concatenate(samples), offsets)
     jagged = collate_jagged(flat)
     for got, expected in zip(jagged, collate_jagged(samples)):
-        assert torch.equal(got, expected)
+        _identical(got, expected)
+    for got, expected in zip(collate_jagged(flat, keep_dtype=True), collate_jagged(samples, keep_dtype=True)):
+        _identical(got, expected)
     for got, expected in zip(collate_padded(flat, pad_value=0), collate_padded(samples, pad_value=0)):
-        assert torch.equal(got, expected)
+        _identical(got, expected)
     assert collate_jagged(jagged) is jagged
     for got, expected in zip(collate_padded(jagged), collate_padded(samples)):
-        assert torch.equal(got, expected)
+        _identical(got, expected)
 
 
 def test_dict_samples_collate_per_field():
@@ -95,7 +109,8 @@ def test_jagged_batch_converts_to_a_nested_tensor():
     [
         ([np.zeros((2, 3)), np.zeros((2, 4))], {}, "only the first dimension may vary"),
         ([np.zeros(2, np.int32), np.zeros(2, np.int64)], {}, "dtype"),
-        ([np.zeros(2, np.uint8)], {"pad_value": -1}, "does not fit"),
+        ([np.zeros(2, np.uint8)], {"pad_value": -1, "keep_dtype": True}, "does not fit"),
+            ([np.zeros(2, np.uint64)], {}, "keep_dtype=True"),
         ([np.zeros(2, np.int32)], {"pad_value": 0.5}, "would become 0"),
         ([np.zeros(2, np.int32)], {"pad_to_multiple": 0}, "pad_to_multiple"),
         ([np.array(4, np.int32)], {}, "at least one dimension"),

@@ -27,10 +27,11 @@ def sharded(tmp_path_factory):
     return path
 
 
-def test_ndarray_samples_are_writable_tensor_copies_of_the_records(sharded):
-    dataset = RecordDataset(sharded)
+@pytest.mark.parametrize(("keep_dtype", "dtype"), [(False, torch.int64), (True, torch.int32)])
+def test_ndarray_samples_are_writable_tensor_copies_of_the_records(sharded, keep_dtype, dtype):
+    dataset = RecordDataset(sharded, keep_dtype=keep_dtype)
     sample = dataset[42]
-    assert isinstance(sample, torch.Tensor) and sample.dtype == torch.int32
+    assert isinstance(sample, torch.Tensor) and sample.dtype == dtype
     assert sample.tolist() == [42] * record_length(42)
     sample[0] = -1
     assert dataset[42][0] == 42
@@ -59,9 +60,11 @@ def test_each_codec_becomes_tensors_or_values(tmp_path):
     assert RecordDataset(tmp_path / "bytes")[1].dtype == torch.uint8
     assert RecordDataset(tmp_path / "text")[0] == "héllo"
     sample = RecordDataset(tmp_path / "structured")[0]
-    assert sample["tokens"].tolist() == [0, 1, 2, 3] and sample["tokens"].dtype == torch.uint16
+    assert sample["tokens"].tolist() == [0, 1, 2, 3] and sample["tokens"].dtype == torch.int64
     assert (sample["label"], sample["name"]) == (3, "a")
     assert isinstance(sample["parts"][0], torch.Tensor) and sample["parts"][0].tolist() == [1.0, 1.0]
+    assert sample["parts"][0].dtype == torch.float32
+    assert RecordDataset(tmp_path / "structured", keep_dtype=True)[0]["tokens"].dtype == torch.uint16
 
 
 def test_deepest_structured_record_the_writer_accepts_becomes_tensors_without_a_recursion_error(tmp_path):

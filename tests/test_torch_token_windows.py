@@ -139,11 +139,13 @@ def test_document_start_inside_a_token_is_a_corrupt_record_not_a_mark_one_token_
         dataset[0]
 
 
-def test_uint64_token_ids_are_refused_for_int64_tensors_and_kept_exact_in_numpy(tmp_path):
+def test_uint64_token_ids_are_refused_for_int64_tensors_and_kept_exact_with_keep_dtype_or_numpy(tmp_path):
     big = np.array([2**63 + 5, 1, 2], np.uint64)
     with varstore.Writer(tmp_path / "tokens", codec="ndarray", dtype="uint64") as writer:
         writer.append(big)
-    with pytest.raises(varstore.RecordTypeError, match="output='numpy'"):
+    with pytest.raises(varstore.RecordTypeError, match="keep_dtype=True"):
         TokenWindowDataset(tmp_path / "tokens", 2)
     window = TokenWindowDataset(tmp_path / "tokens", 2, output="numpy")[0]
     assert window.dtype == np.uint64 and window.tolist() == big.tolist()
+    kept = TokenWindowDataset(tmp_path / "tokens", 2, keep_dtype=True)[0]
+    assert kept.dtype == torch.uint64 and kept.tolist() == big.tolist()

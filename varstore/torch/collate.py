@@ -3,6 +3,11 @@
 Both functions take what a varstore dataset yields: a list of samples (tensors or
 numpy arrays whose first dimension varies; dicts of them), or a batch already read
 flat with `get_batch_flat`. Padding is one numpy scatter, whatever the batch size.
+
+Where stored data becomes tensors, integers become int64 (`tensor_dtype`), the
+dtype embeddings and losses take: in the datasets for ``output="torch"``, and here
+for numpy input (``output="numpy"``); tensors keep their dtype. ``keep_dtype=True``
+keeps the stored dtype instead, for memory. Floats and bools always keep theirs.
 """
 
 from __future__ import annotations
@@ -54,6 +59,45 @@ def writable_tensor(array: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(array if array.flags.writeable else array.copy())
 
 
+def tensor_dtype(dtype: np.dtype, keep_dtype: bool, *, path: str | None = None) -> np.dtype:
+    """The dtype stored `dtype` takes as a tensor: integers become int64 unless `keep_dtype`; uint64, which may not fit, is refused."""
+    if keep_dtype or dtype.kind not in "iu" or dtype == np.int64:
+        return dtype
+    if dtype == np.uint64:
+        raise RecordTypeError(
+            "uint64 values may not fit int64 tensors: pass keep_dtype=True for torch.uint64 tensors", path=path
+        )
+    return np.dtype(np.int64)
+
+
+def stored_tensor(array: np.ndarray, keep_dtype: bool) -> torch.Tensor:
+    """A tensor of stored `array` in its `tensor_dtype`, never sharing memory with a read-only array (one copy at most)."""
+    dtype = tensor_dtype(array.dtype, keep_dtype)
+    return torch.from_numpy(array.astype(dtype)) if dtype != array.dtype else writable_tensor(array)
+
+
+def stored_tensors(value: Any, keep_dtype: bool) -> Any:
+    """Arrays become tensors (copied: the map is read-only; integers as int64 unless `keep_dtype`); dicts and lists
+    are converted inside, without recursion (records nest up to 512 levels); the rest is kept."""
+    if isinstance(value, np.ndarray):
+        return stored_tensor(value, keep_dtype)
+    if not isinstance(value, (dict, list)):
+        return value
+    converted: dict | list = {} if isinstance(value, dict) else [None] * len(value)
+    pending = [(value, converted)]
+    while pending:
+        source, target = pending.pop()
+        for key, item in source.items() if isinstance(source, dict) else enumerate(source):
+            if isinstance(item, np.ndarray):
+                item = stored_tensor(item, keep_dtype)
+            elif isinstance(item, (dict, list)):
+                container: dict | list = {} if isinstance(item, dict) else [None] * len(item)
+                pending.append((item, container))
+                item = container
+            target[key] = item
+    return converted
+
+
 def _as_array(sample: Any, position: int) -> tuple[np.ndarray, torch.dtype | None]:
     """A numpy view of one sample, and the torch dtype to restore if numpy could not hold it."""
     if isinstance(sample, np.ndarray):
@@ -73,8 +117,11 @@ def _as_array(sample: Any, position: int) -> tuple[np.ndarray, torch.dtype | Non
     return array, restore
 
 
-def _flat(samples: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, torch.dtype | None]:
-    """(values, lengths, dtype to restore) of a list of samples, checking they agree in dtype and trailing shape."""
+def _flat(samples: Sequence[Any], keep_dtype: bool) -> tuple[np.ndarray, np.ndarray, torch.dtype | None]:
+    """(values, lengths, dtype to restore) of a list of samples, checking they agree in dtype and trailing shape.
+
+    The values are copied once, into int64 for integer numpy samples unless `keep_dtype`.
+    """
     if len(samples) == 0:
         raise RecordTypeError("cannot collate an empty batch")
     converted = [_as_array(sample, position) for position, sample in enumerate(samples)]
@@ -86,13 +133,14 @@ def _flat(samples: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, torch.dtype |
                 f"dtype {restore or first.dtype} and shape {first.shape}: only the first dimension may vary"
             )
     lengths = np.array([array.shape[0] for array, _ in converted], np.int64)
-    return np.concatenate([array for array, _ in converted]), lengths, restore
+    dtype = first.dtype if not isinstance(samples[0], np.ndarray) else tensor_dtype(first.dtype, keep_dtype)
+    return np.concatenate([array for array, _ in converted], dtype=dtype), lengths, restore
 
 
-def _flat_batch(batch: Any) -> tuple[np.ndarray, np.ndarray, torch.dtype | None] | None:
-    """(values, lengths, dtype to restore) if `batch` was read flat already, else None."""
+def _flat_batch(batch: Any, keep_dtype: bool) -> tuple[np.ndarray, np.ndarray, torch.dtype | None] | None:
+    """(values, lengths, dtype to restore) if `batch` was read flat already, else None; numpy values as in `_flat`."""
     if isinstance(batch, FlatBatch):
-        return batch.values, np.diff(batch.offsets), None
+        return batch.values.astype(tensor_dtype(batch.values.dtype, keep_dtype), copy=False), np.diff(batch.offsets), None
     if isinstance(batch, JaggedBatch):
         values, restore = _as_array(batch.values, 0)
         return values, batch.lengths.numpy(), restore
@@ -121,8 +169,9 @@ def _is_sequence_field(value: Any) -> bool:
     return isinstance(value, (np.ndarray, torch.Tensor)) and value.ndim >= 1
 
 
-def _by_field(batch: Sequence[dict[str, Any]], collate_sequences: Any) -> dict[str, Any]:
-    """Dict samples: array fields collated by `collate_sequences`, the rest (labels, scalars, text) by `default_collate`."""
+def _by_field(batch: Sequence[dict[str, Any]], collate_sequences: Any, keep_dtype: bool) -> dict[str, Any]:
+    """Dict samples: array fields collated by `collate_sequences`, the rest (labels, scalars, text, nested arrays) by
+    `default_collate`, after `stored_tensors` made copies of any numpy arrays in them."""
     keys = batch[0].keys()
     for position, sample in enumerate(batch):
         if sample.keys() != keys:
@@ -130,24 +179,29 @@ def _by_field(batch: Sequence[dict[str, Any]], collate_sequences: Any) -> dict[s
     return {
         key: collate_sequences([sample[key] for sample in batch])
         if _is_sequence_field(batch[0][key])
-        else default_collate([sample[key] for sample in batch])
+        else default_collate([stored_tensors(sample[key], keep_dtype) for sample in batch])
         for key in keys
     }
 
 
-def collate_padded(batch: Any, pad_value: Any = 0, pad_to_multiple: int = 1) -> PaddedBatch | dict[str, Any]:
+def collate_padded(
+    batch: Any, pad_value: Any = 0, pad_to_multiple: int = 1, *, keep_dtype: bool = False
+) -> PaddedBatch | dict[str, Any]:
     """Pad samples to the longest one (rounded up to `pad_to_multiple`) with `pad_value`.
 
     Use as ``collate_fn=functools.partial(collate_padded, pad_value=-100)``. Dict
     samples give a dict: a `PaddedBatch` per array field, `default_collate` for the rest.
+    Integer numpy samples give int64 values unless `keep_dtype`; tensors keep their dtype.
     """
     if pad_to_multiple < 1:
         raise RecordTypeError(f"pad_to_multiple must be at least 1, not {pad_to_multiple}")
-    flat = _flat_batch(batch)
+    flat = _flat_batch(batch, keep_dtype)
     if flat is None:
         if len(batch) and isinstance(batch[0], dict):
-            return _by_field(batch, lambda field: collate_padded(field, pad_value, pad_to_multiple))
-        flat = _flat(batch)
+            return _by_field(
+                batch, lambda field: collate_padded(field, pad_value, pad_to_multiple, keep_dtype=keep_dtype), keep_dtype
+            )
+        flat = _flat(batch, keep_dtype)
     values, lengths, restore = flat
     longest = int(lengths.max()) if len(lengths) else 0
     width = math.ceil(longest / pad_to_multiple) * pad_to_multiple
@@ -157,18 +211,19 @@ def collate_padded(batch: Any, pad_value: Any = 0, pad_to_multiple: int = 1) -> 
     return PaddedBatch(_to_tensor(padded, restore), torch.from_numpy(lengths.astype(np.int64)), torch.from_numpy(mask))
 
 
-def collate_jagged(batch: Any) -> JaggedBatch | dict[str, Any]:
+def collate_jagged(batch: Any, *, keep_dtype: bool = False) -> JaggedBatch | dict[str, Any]:
     """Concatenate samples into one values tensor plus int64 offsets (a flat batch passes through as tensors).
 
     Dict samples give a dict: a `JaggedBatch` per array field, `default_collate` for the rest.
+    Integer numpy samples give int64 values unless `keep_dtype`; tensors keep their dtype.
     """
     if isinstance(batch, JaggedBatch):
         return batch
-    flat = _flat_batch(batch)
+    flat = _flat_batch(batch, keep_dtype)
     if flat is None:
         if len(batch) and isinstance(batch[0], dict):
-            return _by_field(batch, collate_jagged)
-        flat = _flat(batch)
+            return _by_field(batch, lambda field: collate_jagged(field, keep_dtype=keep_dtype), keep_dtype)
+        flat = _flat(batch, keep_dtype)
     values, lengths, restore = flat
     offsets = np.zeros(len(lengths) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])

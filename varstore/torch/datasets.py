@@ -13,7 +13,7 @@ from torch.utils.data import Dataset
 from ..errors import CorruptRecordError, VarstoreError
 from ..reader import FlatBatch, Reader, check_indices
 from ..sharded_reader import ShardedReader
-from .collate import JaggedBatch, writable_tensor
+from .collate import JaggedBatch, stored_tensor, stored_tensors, tensor_dtype, writable_tensor
 from .reading import ProcessLocalReader
 from .skipped import SkippedRecords
 
@@ -30,26 +30,9 @@ def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
         raise VarstoreError(f"{name} must be one of {', '.join(map(repr, choices))}, not {value!r}")
 
 
-def _to_tensors(value: Any) -> Any:
-    """Arrays become tensors (copied: the map is read-only); dicts and lists are converted inside, without
-    recursion (records nest up to 512 levels); the rest is kept."""
-    if isinstance(value, np.ndarray):
-        return writable_tensor(value)
-    if not isinstance(value, (dict, list)):
-        return value
-    converted: dict | list = {} if isinstance(value, dict) else [None] * len(value)
-    pending = [(value, converted)]
-    while pending:
-        source, target = pending.pop()
-        for key, item in source.items() if isinstance(source, dict) else enumerate(source):
-            if isinstance(item, np.ndarray):
-                item = writable_tensor(item)
-            elif isinstance(item, (dict, list)):
-                container: dict | list = {} if isinstance(item, dict) else [None] * len(item)
-                pending.append((item, container))
-                item = container
-            target[key] = item
-    return converted
+def check_keep_dtype(keep_dtype: bool, output: str) -> None:
+    if keep_dtype and output == "numpy":
+        raise VarstoreError("output='numpy' always keeps the stored dtype; pass keep_dtype=True to the collate function instead")
 
 
 def _shard_paths(reader: Reader | ShardedReader) -> list[str]:
@@ -69,9 +52,12 @@ class RecordDataset(Dataset):
     The DataLoader fetches each batch through `__getitems__`, one vectorised
     `get_batch`. Samples are tensors copied out of the read-only map (``ndarray``
     records; ``bytes`` records as uint8), str for ``str`` records, and for
-    ``msgpack`` records the decoded structure with its arrays as tensors. With
-    ``output="numpy"`` arrays stay zero-copy read-only views and `collate_padded` /
-    `collate_jagged` make the one copy. `transform` runs on each sample in the worker.
+    ``msgpack`` records the decoded structure with its arrays as tensors. Integer
+    arrays (records, and arrays inside ``msgpack`` records) become int64 tensors, which
+    embeddings and losses take; ``keep_dtype=True`` keeps the stored dtype (uint64
+    records need it). With ``output="numpy"`` arrays stay zero-copy read-only views in
+    the stored dtype and `collate_padded` / `collate_jagged` make the one copy (and the
+    int64 conversion: pass `keep_dtype` to them). `transform` runs on each sample in the worker.
     With ``flat_batches=True`` a batch comes back as one `JaggedBatch` (a `FlatBatch`
     for numpy output) read by `get_batch_flat`, for `collate_jagged` or `collate_padded`.
 
@@ -98,9 +84,11 @@ class RecordDataset(Dataset):
         flat_batches: bool = False,
         on_damaged: DamagedPolicy = "raise",
         verify_reads: bool = False,
+        keep_dtype: bool = False,
     ) -> None:
         check_choice("output", output, OUTPUTS)
         check_choice("on_damaged", on_damaged, _POLICIES)
+        check_keep_dtype(keep_dtype, output)
         if flat_batches and transform is not None:
             raise VarstoreError("flat_batches reads a batch as one buffer, so a per-sample transform cannot apply")
         self._source = ProcessLocalReader(path, verify_reads=verify_reads, quarantine=on_damaged == "skip")
@@ -109,7 +97,10 @@ class RecordDataset(Dataset):
         self.output = output
         self.flat_batches = flat_batches
         self.on_damaged = on_damaged
+        self.keep_dtype = keep_dtype
         reader = self._source.get()
+        if output == "torch" and reader.codec == "ndarray":
+            tensor_dtype(reader.dtype, keep_dtype, path=self.path)  # refuses uint64 now rather than at every read
         self._skipped = SkippedRecords(_shard_paths(reader)) if on_damaged == "skip" else None
         self._length = len(reader)
         self._bytes_codec = reader.codec == "bytes"
@@ -133,7 +124,7 @@ class RecordDataset(Dataset):
     def _sample(self, record: Any) -> Any:
         sample = np.frombuffer(record, np.uint8) if self._bytes_codec else record
         if self.output == "torch":
-            sample = _to_tensors(sample)
+            sample = writable_tensor(sample) if self._bytes_codec else stored_tensors(sample, self.keep_dtype)
         return sample if self.transform is None else self.transform(sample)
 
     def __getitem__(self, index: int) -> Any:
@@ -155,7 +146,7 @@ class RecordDataset(Dataset):
             return [self._sample(record) for record in records]
         if self.output == "numpy":
             return records
-        return JaggedBatch(writable_tensor(records.values), torch.from_numpy(records.offsets))
+        return JaggedBatch(stored_tensor(records.values, self.keep_dtype), torch.from_numpy(records.offsets))
 
     def _outside_quarantine(self, reader: Reader | ShardedReader, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """`indices` without the records of quarantined shards, which are counted as skipped."""

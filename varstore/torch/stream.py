@@ -116,8 +116,10 @@ class RecordStream(IterableDataset):
     Ranks hold equal shares (to one record), so their batch counts differ by at most
     one; under DDP see `ExactlyOnceSampler` about the uneven last step. The last batch
     of a rank's epoch may be short. `transform`, `output`, `flat_batches`,
-    `on_damaged` and `verify_reads` mean what they mean for `RecordDataset`; a damaged
-    record skipped leaves its batch one shorter.
+    `on_damaged`, `verify_reads` and `keep_dtype` mean what they mean for
+    `RecordDataset`; a damaged record skipped leaves its batch one shorter. With
+    ``output="numpy"`` pass `collate_padded` or `collate_jagged`, which copy the
+    read-only views (`default_collate` would hand them to torch as they are, with a warning).
     """
 
     def __init__(
@@ -135,6 +137,7 @@ class RecordStream(IterableDataset):
         flat_batches: bool = False,
         on_damaged: DamagedPolicy = "raise",
         verify_reads: bool = False,
+        keep_dtype: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
     ) -> None:
@@ -145,7 +148,7 @@ class RecordStream(IterableDataset):
                 raise VarstoreError(f"{name} must be at least 1, not {value}")
         self._dataset = RecordDataset(
             path, transform=transform, output=output, flat_batches=flat_batches, on_damaged=on_damaged,
-            verify_reads=verify_reads,
+            verify_reads=verify_reads, keep_dtype=keep_dtype,
         )
         self.path = self._dataset.path
         self.record_count = len(self._dataset)

@@ -25,7 +25,8 @@ from torch.utils.data import Dataset
 from ..errors import CorruptRecordError, RecordIndexError, RecordTypeError
 from ..reader import Reader
 from ..sharded_reader import ShardedReader
-from .datasets import OUTPUTS, Output, check_choice
+from .collate import tensor_dtype
+from .datasets import OUTPUTS, Output, check_choice, check_keep_dtype
 from .reading import ProcessLocalReader
 
 
@@ -50,11 +51,15 @@ class TokenWindowDataset(Dataset):
     sampler, in the main process, so it reaches persistent workers and resuming
     needs only a count; ``DataLoader(shuffle=True)`` works too.
 
-    A sample is an int64 tensor of ``seq_len + 1`` tokens, or with
+    A sample is an int64 tensor of ``seq_len + 1`` tokens (``keep_dtype=True``: a
+    tensor of the stored dtype, for memory; uint64 tokens need it), or with
     ``document_starts=True`` a dict ``{"tokens": ..., "document_starts": ...}`` whose
     bool tensor marks the positions where a document begins, for resetting position
-    ids or masking attention between documents. ``output="numpy"`` keeps the stored
-    dtype and returns windows inside one shard as zero-copy read-only views.
+    ids or masking attention between documents. Each window is copied once, from the
+    map into a new array. ``output="numpy"`` keeps the stored dtype and returns windows
+    inside one shard as zero-copy read-only views, for numpy code: torch's
+    `default_collate` would warn about them in a DataLoader, where the default output
+    makes the one copy instead.
 
     The stored documents stay in the same order every epoch (as they were written);
     shuffle documents at write time if samples should not always pair the same neighbours.
@@ -67,8 +72,10 @@ class TokenWindowDataset(Dataset):
         *,
         document_starts: bool = False,
         output: Output = "torch",
+        keep_dtype: bool = False,
     ) -> None:
         check_choice("output", output, OUTPUTS)
+        check_keep_dtype(keep_dtype, output)
         if seq_len < 1:
             raise RecordTypeError(f"seq_len must be at least 1, not {seq_len}")
         self._source = ProcessLocalReader(path)
@@ -80,10 +87,7 @@ class TokenWindowDataset(Dataset):
                 + (f" of dtype {reader.dtype} and trailing shape {reader.shape}" if reader.dtype is not None else ""),
                 path=self.path,
             )
-        if output == "torch" and reader.dtype == np.uint64:
-            raise RecordTypeError(
-                "uint64 token ids may not fit the int64 tensors of output='torch'; use output='numpy'", path=self.path
-            )
+        self._tensor_dtype = tensor_dtype(reader.dtype, keep_dtype, path=self.path) if output == "torch" else reader.dtype
         self.seq_len = seq_len
         self.document_starts = document_starts
         self.output = output
@@ -176,7 +180,7 @@ class TokenWindowDataset(Dataset):
 
     def _tokens(self, starts: np.ndarray) -> list[Any]:
         if self.output == "torch":
-            return list(torch.from_numpy(self._gather(starts, np.dtype(np.int64))))
+            return list(torch.from_numpy(self._gather(starts, self._tensor_dtype)))
         width = self.seq_len + 1
         shard = np.searchsorted(self._token_starts, starts, side="right") - 1
         inside = starts + width <= self._token_starts[shard + 1]
