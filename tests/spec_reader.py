@@ -458,7 +458,7 @@ def parse_manifest(raw: bytes) -> dict:
     for entry in shards:
         require(isinstance(entry, dict) and set(entry) == SHARD_MEMBERS, rule, f"a shard object has exactly {sorted(SHARD_MEMBERS)}")
         name = entry["name"]
-        require(isinstance(name, str) and SHARD_NAME.fullmatch(name) and name not in (".", ".."), rule, f"shard name {name!r}")
+        require(isinstance(name, str) and SHARD_NAME.fullmatch(name), rule, f"shard name {name!r} is not a plain file name")
         for member in ("records", "data_size", "index_size"):
             require(_is_int(entry[member], 0, 1 << 63), rule, f"shard {name}: {member} {entry[member]!r}")
         for member in ("index_crc32c", "data_crc32c"):
