@@ -176,3 +176,61 @@ def test_reader_accepts_an_array_extension_in_a_non_minimal_ext_form(tmp_path):
         for index in range(3):
             assert reader[index].dtype == np.float32 and reader[index].tolist() == [1.0, -2.0]
         assert reader[3].dtype == np.uint8 and reader[3].tolist() == [1, 2, 3]
+
+
+# -- the §2.2 rules a record must keep, whatever its form -------------------------------------------------
+
+
+def array_record(dtype: str, shape: tuple[int, ...], body: bytes = b"") -> bytes:
+    return ext1(array_data(dtype, shape, body))
+
+
+DAMAGED = {
+    "str not UTF-8": b"\xa1\xff",
+    "str holding an encoded surrogate": b"\xa3\xed\xa0\x80",
+    "map key not UTF-8": b"\x81\xa1\xff\x01",
+    "false key": b"\x81\xc2\x01",
+    "extension key": b"\x81" + array_record("|u1", (1,), b"\x01") + b"\x01",
+    '"a" as fixstr and str 16': b"\x82\xa1a\x01\xda\x00\x01a\x02",
+    '"a" as str 32 and str 8': b"\x82\xdb\x00\x00\x00\x01a\x01\xd9\x01a\x02",
+    "1 as int 64 and uint 64": b"\x82\xd3" + be(1, 8) + b"\x01\xcf" + be(1, 8) + b"\x02",
+    "-1 as negative fixint and int 8": b"\x82\xff\x01\xd0\xff\x02",
+    "maps nested 513 deep": b"\x81\x00" * 513 + b"\xc0",
+    "empty array, a leading dimension of 2**16 + 1": array_record("<f4", (2**16 + 1, 0)),
+    "empty array, a second leading dimension of 2**16 + 1": array_record("<f4", (3, 2**16 + 1, 0)),
+    "empty array, non-zero dimensions multiplying to 2**24 + 1": array_record("<f4", (0, 2**24 + 1)),
+    "empty array, 2**16 x 257 non-zero": array_record("|u1", (2**16, 0, 257)),
+    "array, a dimension of 2**64 - 1 over 4 bytes": array_record("|u1", (2**64 - 1, 1), bytes(4)),
+}
+WITHIN_BOUNDS = {
+    "maps nested 512 deep": (b"\x81\x00" * 511 + b"\x80", None),
+    "empty array, a leading dimension of 2**16": (array_record("<f4", (2**16, 0)), (2**16, 0)),
+    "empty array, 2**16 x 256 non-zero": (array_record("|u1", (2**16, 0, 256)), (2**16, 0, 256)),
+    "empty array, non-zero dimensions multiplying to 2**24": (array_record("<f4", (0, 2**12, 2**12)), (0, 2**12, 2**12)),
+}
+
+
+@pytest.mark.parametrize("name", list(DAMAGED))
+def test_record_breaking_a_msgpack_rule_in_any_form_is_damaged(tmp_path, name):
+    msgpack_shard(tmp_path / "docs", [b"\xc0", DAMAGED[name]])
+    with varstore.open(tmp_path / "docs") as reader:
+        assert reader[0] is None
+        with pytest.raises(varstore.CorruptRecordError) as caught:
+            reader[1]
+        assert caught.value.records == [1]
+        with pytest.raises(varstore.CorruptRecordError) as caught:
+            reader.verify()
+        assert caught.value.records == [1]
+    with pytest.raises(spec_reader.SpecError):
+        spec_reader.read_shard(str(tmp_path / "docs"))
+
+
+@pytest.mark.parametrize("name", list(WITHIN_BOUNDS))
+def test_record_at_a_msgpack_bound_reads(tmp_path, name):
+    payload, shape = WITHIN_BOUNDS[name]
+    msgpack_shard(tmp_path / "docs", [payload])
+    with varstore.open(tmp_path / "docs") as reader:
+        reader.verify()
+        if shape is not None:
+            assert reader[0].shape == shape
+    spec_reader.read_shard(str(tmp_path / "docs"))

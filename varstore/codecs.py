@@ -36,7 +36,7 @@ ARRAY_EXT_TYPE = 1
 MAX_ARRAY_DIMS = 32
 # An empty array's non-zero dimensions may multiply to at most this (spec §2.2): (0, 4096, 4096) is fine.
 MAX_EMPTY_ARRAY_EXTENT = 1 << 24
-# ... and its dimensions before the first 0 may be this large whatever its bytes: (300, 0, 3) is fine, (2**24, 0) is not.
+# ... and each of its dimensions before the first 0 at most this: (300, 0, 3) is fine, (2**24, 0) is not.
 MAX_EMPTY_ARRAY_LEADING = 1 << 16
 # An ndarray shard's row (itemsize x trailing shape) must fit one numpy array (spec §2.1).
 MAX_ROW_SIZE = (1 << 63) - 1
@@ -262,21 +262,20 @@ def _pack_array(array: np.ndarray) -> msgpack.ExtType:
     if dtype.kind == "b":
         _refuse_invalid_bools(np.frombuffer(body, np.uint8))
     data = head + body
-    if not array.size and (problem := _empty_shape_problem(array.shape, len(data))):
+    if not array.size and (problem := _empty_shape_problem(array.shape)):
         raise RecordTypeError(f"an empty array of shape {array.shape} cannot be stored: {problem} (spec §2.2)")
     return msgpack.ExtType(ARRAY_EXT_TYPE, data)
 
 
-def _empty_shape_problem(shape: Sequence[int], data_length: int) -> str | None:
-    """What is wrong with the shape of an empty array whose extension data is `data_length` bytes, if anything.
+def _empty_shape_problem(shape: Sequence[int]) -> str | None:
+    """What is wrong with the shape of an empty array, if anything.
 
     §2.2 bounds what such a shape claims, so that no consumer that allocates by shape (a padding mask is
     batch x first dimension) reserves unboundedly: the dimensions before the first zero
-    must each be at most max(`data_length`, 2**16), and the non-zero dimensions must multiply to at most 2**24."""
+    must each be at most 2**16, and the non-zero dimensions must multiply to at most 2**24."""
     leading = shape[: list(shape).index(0)] if 0 in shape else shape
-    limit = max(data_length, MAX_EMPTY_ARRAY_LEADING)
-    if any(dim > limit for dim in leading):
-        return f"a dimension before its first 0 exceeds {limit}"
+    if any(dim > MAX_EMPTY_ARRAY_LEADING for dim in leading):
+        return f"a dimension before its first 0 exceeds {MAX_EMPTY_ARRAY_LEADING}"
     extent = math.prod(dim or 1 for dim in shape)
     if extent > MAX_EMPTY_ARRAY_EXTENT:
         return f"its non-zero dimensions multiply to {extent}, more than {MAX_EMPTY_ARRAY_EXTENT}"
@@ -303,7 +302,7 @@ def _unpack_array(data: bytes) -> np.ndarray:
     shape = _SHAPES[ndim].unpack_from(data, name_end + 1)
     if math.prod(shape) * dtype.itemsize != len(data) - body_start:
         raise ValueError(f"array extension of shape {shape} and dtype {dtype.str} does not match its {len(data) - body_start} bytes")
-    if len(data) == body_start and (problem := _empty_shape_problem(shape, len(data))):
+    if len(data) == body_start and (problem := _empty_shape_problem(shape)):
         raise ValueError(f"empty array extension of shape {shape} claims more than it holds: {problem}")
     if dtype.kind == "b":
         check_bool_bytes(np.frombuffer(data, np.uint8, offset=body_start))
