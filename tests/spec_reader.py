@@ -84,7 +84,7 @@ def crc32c_combine(crc_a: int, crc_b: int, length_b: int) -> int:
     return crc_b ^ crc32c(zeros, crc_a) ^ crc32c(zeros, 0)
 
 
-# -- strict and canonical JSON (§1.4) ----------------------------------------------------------
+# -- strict JSON (§1.4) -----------------------------------------------------------------------
 
 
 def json_depth(text: str) -> int:
