@@ -82,16 +82,16 @@ def test_truncated_shard_file_is_refused_at_open_naming_it(tmp_path):
         varstore.open(tmp_path)
 
 
-def test_shard_swapped_for_another_of_the_same_size_is_refused_when_read(tmp_path):
+def test_shard_swapped_for_another_of_the_same_size_is_refused_at_open(tmp_path):
+    """Spec §3.1 (1.1): every listed shard's header is checked against its entry at open, not at first read."""
     write_dataset(tmp_path, [b"abc", b"def"], max_shard_records=1)
     os.replace(tmp_path / "shard-000001.data", tmp_path / "shard-000000.data")
     os.replace(tmp_path / "shard-000001.index", tmp_path / "shard-000000.index")
     write_dataset(tmp_path / "other", [b"xyz"])
     for suffix in (".data", ".index"):
         os.link(tmp_path / "other" / f"shard-000000{suffix}", tmp_path / f"shard-000001{suffix}")
-    dataset = varstore.open(tmp_path)
-    with pytest.raises(varstore.FormatError, match="does not match the manifest"):
-        dataset[0]
+    with pytest.raises(varstore.FormatError, match="shard-000000.index: shard does not match the manifest"):
+        varstore.open(tmp_path)
 
 
 @pytest.mark.parametrize("name", ["../outside", "/etc/passwd", ".hidden", "a/b", ""])
@@ -137,14 +137,12 @@ def test_combining_shards_of_different_codecs_is_refused(tmp_path):
     assert not (tmp_path / MANIFEST_NAME).exists()
 
 
-def test_verify_detects_an_index_changed_after_the_manifest(tmp_path):
+def test_shard_rewritten_after_the_manifest_with_the_same_sizes_is_refused_at_open(tmp_path):
     write_dataset(tmp_path, [b"a" * 10, b"b" * 10], max_shard_records=1)
     with varstore.Writer(tmp_path / "shard-000001", overwrite=True) as writer:
         writer.append(b"c" * 10)  # same sizes, same record count, different content
-    dataset = varstore.open(tmp_path)
-    assert dataset[0] == b"a" * 10
-    with pytest.raises(varstore.FormatError):
-        dataset.verify()
+    with pytest.raises(varstore.FormatError, match="shard-000001.index: shard does not match the manifest: its data checksum"):
+        varstore.open(tmp_path)
 
 
 def test_empty_dataset_opens_with_no_records(tmp_path):

@@ -14,6 +14,7 @@ hard link shared with a snapshot); the run's manifest commit ends it.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import secrets
@@ -59,9 +60,13 @@ def manifest_identity(directory: str) -> int | None:
     """CRC32C of the bytes of ``manifest.json`` (valid or not), or None when there is none: which version is live."""
     path = os.path.join(directory, MANIFEST_NAME)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
     except FileNotFoundError:
         return None
+    except OSError as error:
+        if error.errno == errno.ELOOP:  # a symbolic link, which no reader opens (§3)
+            return -1
+        raise
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):

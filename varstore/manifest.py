@@ -8,8 +8,9 @@ manifest can point outside it.
 
 from __future__ import annotations
 
-import hashlib
 import dataclasses
+import errno
+import hashlib
 import os
 import re
 import stat
@@ -18,6 +19,7 @@ from typing import Any
 
 from . import format as fmt
 from .checksum import crc32c
+from .codecs import codec_from_stored
 from .errors import FormatError, MissingFileError, ShardExistsError, StorageError
 from .storage import publish_new, remove_quietly, storage_error, temporary_path, write_all
 
@@ -28,6 +30,8 @@ MAX_MANIFEST_SIZE = 64 << 20
 _SHARD_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,199}")
 _U32 = 1 << 32
 _CRC32C = "crc32c"
+_MANIFEST_MEMBERS = frozenset({"format", "version", "codec", "metadata", "shards"})  # and _CRC32C, since 1.1
+_CODEC_MEMBERS = frozenset({"name", "params"})
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,9 @@ class ShardEntry:
     index_size: int
     index_crc32c: int
     data_crc32c: int
+
+
+_SHARD_MEMBERS = frozenset(entry_field.name for entry_field in dataclasses.fields(ShardEntry))
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,16 @@ def is_valid_shard_name(name: Any) -> bool:
     return isinstance(name, str) and _SHARD_NAME.fullmatch(name) is not None and ".varstore-tmp-" not in name
 
 
+def _require_members(value: dict[str, Any], members: frozenset[str], what: str, path: str, optional: str = "") -> None:
+    """Refuse an object whose members are not exactly `members` (plus `optional`): an unknown one would be ignored."""
+    unknown = sorted(value.keys() - members - {optional})
+    if unknown:
+        raise FormatError(f"{what} has the unknown member {unknown[0]!r}; its members are {sorted(members)}", path=path)
+    missing = sorted(members - value.keys())
+    if missing:
+        raise FormatError(f"{what} lacks the member {missing[0]!r}", path=path)
+
+
 def _require_int(value: Any, low: int, high: int, what: str, path: str) -> int:
     if type(value) is not int or not low <= value < high:
         raise FormatError(f"{what} must be an integer in [{low}, {high}), found {value!r}", path=path)
@@ -100,16 +117,23 @@ def decode_manifest(raw: bytes, *, path: str) -> Manifest:
         raise FormatError(f"manifest version {document.get('version')!r} is not supported; expected {MANIFEST_VERSION}", path=path)
     if _CRC32C in document:  # absent in manifests of 1.0 writers, which are read without the check
         _check_manifest_crc32c(document, path)
-    codec, metadata, shards = document.get("codec"), document.get("metadata"), document.get("shards")
-    if not isinstance(codec, dict) or not isinstance(codec.get("name"), str) or not isinstance(codec.get("params"), dict):
+    _require_members(document, _MANIFEST_MEMBERS, "the manifest", path, optional=_CRC32C)
+    codec, metadata, shards = document["codec"], document["metadata"], document["shards"]
+    if not isinstance(codec, dict):
         raise FormatError('manifest "codec" must be {"name": str, "params": object}', path=path)
+    _require_members(codec, _CODEC_MEMBERS, 'the manifest\'s "codec"', path)
+    if not isinstance(codec["name"], str) or not isinstance(codec["params"], dict):
+        raise FormatError('manifest "codec" must be {"name": str, "params": object}', path=path)
+    codec_from_stored(codec["name"], codec["params"], path=path)  # exact parameters (§2), refused at open
     if not isinstance(metadata, dict) or not isinstance(shards, list):
         raise FormatError('manifest needs a "metadata" object and a "shards" list', path=path)
     entries, names, total = [], set(), 0
     for position, item in enumerate(shards):
         if not isinstance(item, dict):
             raise FormatError(f"shard entry {position} is not an object", path=path)
-        name = item.get("name")
+        if item.keys() != _SHARD_MEMBERS:
+            _require_members(item, _SHARD_MEMBERS, f"shard entry {position}", path)
+        name = item["name"]
         if not is_valid_shard_name(name):
             raise FormatError(f"shard entry {position} has name {name!r}: names must be plain file names", path=path)
         if name in names:
@@ -117,11 +141,11 @@ def decode_manifest(raw: bytes, *, path: str) -> Manifest:
         names.add(name)
         entry = ShardEntry(
             name=name,
-            records=_require_int(item.get("records"), 0, 1 << 63, f"shard {name!r} records", path),
-            data_size=_require_int(item.get("data_size"), 0, 1 << 63, f"shard {name!r} data_size", path),
-            index_size=_require_int(item.get("index_size"), fmt.HEADER_SIZE, 1 << 63, f"shard {name!r} index_size", path),
-            index_crc32c=_require_int(item.get("index_crc32c"), 0, _U32, f"shard {name!r} index_crc32c", path),
-            data_crc32c=_require_int(item.get("data_crc32c"), 0, _U32, f"shard {name!r} data_crc32c", path),
+            records=_require_int(item["records"], 0, 1 << 63, f"shard {name!r} records", path),
+            data_size=_require_int(item["data_size"], 0, 1 << 63, f"shard {name!r} data_size", path),
+            index_size=_require_int(item["index_size"], fmt.HEADER_SIZE, 1 << 63, f"shard {name!r} index_size", path),
+            index_crc32c=_require_int(item["index_crc32c"], 0, _U32, f"shard {name!r} index_crc32c", path),
+            data_crc32c=_require_int(item["data_crc32c"], 0, _U32, f"shard {name!r} data_crc32c", path),
         )
         total += entry.records
         if total >= 1 << 63:
@@ -144,10 +168,13 @@ def _check_manifest_crc32c(document: dict[str, Any], path: str) -> None:
 def read_manifest(directory: str) -> Manifest:
     path = os.path.join(directory, MANIFEST_NAME)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO planted here must not block the open
+        # A FIFO planted here must not block the open; a symbolic link is not followed (§3).
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
     except FileNotFoundError:
         raise MissingFileError(f"no {MANIFEST_NAME}: not a varstore dataset, or its writer did not finish", path=directory) from None
     except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise FormatError("manifest is a symbolic link; it must be a regular file", path=path) from None
         raise storage_error(error, "opening the manifest") from None
     try:
         info = os.fstat(fd)

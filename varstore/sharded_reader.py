@@ -1,9 +1,10 @@
 """`ShardedReader`: one global index over the shards a manifest lists, each mapped on first use.
 
 A reader pins the dataset version it opened (a BLAKE2b-128 digest of the
-manifest's bytes). A shard is mapped lazily and
-checked against its whole manifest entry (sizes, record count, codec, data and
-index checksums); when that fails and the manifest on disk has changed meanwhile,
+manifest's bytes). Opening checks every listed shard's file sizes and index
+header against its manifest entry (one 64-byte read per shard); a shard is mapped
+lazily and checked against its whole entry again (sizes, record count, codec,
+data and index checksums); when that fails and the manifest on disk has changed meanwhile,
 the dataset was replaced under the reader, which raises `DatasetReplacedError`
 rather than read another version.
 """
@@ -11,6 +12,7 @@ rather than read another version.
 from __future__ import annotations
 
 import bisect
+import errno
 import os
 import resource
 import stat
@@ -43,6 +45,7 @@ _MIN_OPEN_SHARDS = 8
 _OPEN_ATTEMPTS = 3  # a fresh open that races an overwrite reads the new manifest and tries again, this often
 # What opening a missing, damaged or replaced shard raises; a StorageError (EMFILE, EIO) is no verdict on the shard.
 _SHARD_ERRORS = (FormatError, MissingFileError)
+_NOT_REGULAR = "shard files must be regular files inside the dataset directory, not links"
 
 
 def max_open_shards() -> int:
@@ -65,20 +68,64 @@ def _check_shard_file(path: str, expected_size: int) -> None:
     except OSError as error:
         raise StorageError(f"cannot stat the shard file: {error.strerror or error}", path=path) from None
     if not stat.S_ISREG(info.st_mode):
-        raise FormatError("shard files must be regular files inside the dataset directory, not links", path=path)
+        raise FormatError(_NOT_REGULAR, path=path)
     if info.st_size != expected_size:
         raise FormatError(f"shard file is {info.st_size} bytes, the manifest says {expected_size}", path=path)
 
 
-def _check_shard_files(directory: str, entry: ShardEntry) -> None:
+def check_listed_shard(directory: str, entry: ShardEntry, codec: Codec) -> None:
+    """Check a listed shard against its manifest `entry` without mapping it (§3.1): the data file's size, and the
+    index file's size and header, read with one 64-byte pread and checked as §1.3 steps 1-5 say, against the entry."""
     data_path, index_path = fmt.shard_paths(os.path.join(directory, entry.name))
-    _check_shard_file(index_path, entry.index_size)
     _check_shard_file(data_path, entry.data_size)
+    _check_header_against_entry(_read_listed_header(index_path, entry.index_size), entry, codec, index_path)
+
+
+def _read_listed_header(index_path: str, expected_size: int) -> fmt.Header:
+    """The header of the index file at `index_path`, a regular file (not a link) of `expected_size` bytes."""
+    try:
+        fd = os.open(index_path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)  # a planted FIFO must not block
+    except FileNotFoundError:
+        raise MissingFileError("shard file listed in the manifest is missing", path=index_path) from None
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise FormatError(_NOT_REGULAR, path=index_path) from None
+        raise StorageError(f"cannot open the shard file: {error.strerror or error}", path=index_path) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise FormatError(_NOT_REGULAR, path=index_path)
+        if info.st_size != expected_size:
+            raise FormatError(f"shard file is {info.st_size} bytes, the manifest says {expected_size}", path=index_path)
+        head = os.pread(fd, fmt.HEADER_SIZE, 0)
+    except OSError as error:
+        raise StorageError(f"cannot read the shard file: {error.strerror or error}", path=index_path) from None
+    finally:
+        os.close(fd)
+    return fmt.unpack_header(head, index_size=expected_size, path=index_path)
 
 
 def index_crc32c(header: fmt.Header) -> int:
     """CRC32C of a whole index file, from its header alone: the header's own CRC combined with the body CRC it records."""
     return crc32c_combine(crc32c(header.pack()), header.body_crc32c, header.index_size - fmt.HEADER_SIZE)
+
+
+def _check_header_against_entry(header: fmt.Header, entry: ShardEntry, codec: Codec, index_path: str) -> None:
+    """Refuse a shard whose header disagrees with its manifest entry: another shard, or a damaged entry or header."""
+    facts = (
+        ("record count", header.record_count, entry.records),
+        ("data size", header.data_size, entry.data_size),
+        ("data checksum", header.data_crc32c, entry.data_crc32c),
+        ("index checksum", index_crc32c(header), entry.index_crc32c),
+        ("codec id", header.codec_id, codec.id),
+    )
+    for what, found, listed in facts:
+        if found != listed:
+            raise FormatError(
+                f"shard does not match the manifest: its {what} is {found}, the manifest says {listed}; "
+                "it was replaced, is damaged, or belongs to another dataset",
+                path=index_path,
+            )
 
 
 def open_listed_shard(directory: str, entry: ShardEntry, codec: Codec, *, verify_reads: bool = False) -> Reader:
@@ -92,20 +139,17 @@ def open_listed_shard(directory: str, entry: ShardEntry, codec: Codec, *, verify
     for path, size in zip(fmt.shard_paths(prefix), (entry.data_size, entry.index_size)):
         _check_shard_file(path, size)
     reader = Reader(prefix, verify_reads=verify_reads)
-    header = reader.header
-    if (
-        header.record_count != entry.records
-        or header.data_crc32c != entry.data_crc32c
-        or index_crc32c(header) != entry.index_crc32c
-        or header.codec_id != codec.id
-        or reader._codec.params() != codec.params()
-    ):
+    try:
+        _check_header_against_entry(reader.header, entry, codec, reader.index_path)
+        if reader._codec.params() != codec.params():
+            raise FormatError(
+                f"shard does not match the manifest: its codec parameters are {reader._codec.params()}, "
+                f"the manifest says {codec.params()}",
+                path=reader.index_path,
+            )
+    except FormatError:
         reader.close()
-        raise FormatError(
-            "shard does not match the manifest (record count, data or index checksum, or codec differ): "
-            "it was replaced or belongs to another dataset",
-            path=reader.index_path,
-        )
+        raise
     return reader
 
 
@@ -123,9 +167,9 @@ def verify_listed_shard(reader: Reader, entry: ShardEntry, progress: Callable[[i
 class ShardedReader(ReaderBase):
     """A dataset directory read as one sequence of records, with the same API as `Reader`.
 
-    Opening reads the manifest and checks that every shard file exists with the
-    size it lists; a shard is mapped, and checked against its manifest entry, the
-    first time one of its records is read. Shards already mapped keep serving the
+    Opening reads the manifest and checks every shard it lists, empty ones
+    included, against its entry (`check_listed_shard`); a shard is mapped, and
+    checked against its entry again, the first time one of its records is read. Shards already mapped keep serving the
     version this reader opened after the dataset is replaced; a shard first needed
     after that raises `DatasetReplacedError`, never records of the new version.
     """
@@ -150,10 +194,9 @@ class ShardedReader(ReaderBase):
         return reader
 
     def _open(self) -> None:
-        manifest, damaged = self._read_consistent_manifest()
+        manifest, self._codec, damaged = self._read_consistent_manifest()
         if damaged and self._quarantine is None:
             raise next(iter(damaged.values()))
-        self._codec = codec_from_stored(manifest.codec, manifest.codec_params, path=self.path)
         self.manifest: Manifest = manifest
         self._version = manifest.version
         self.metadata = manifest.metadata
@@ -169,18 +212,20 @@ class ShardedReader(ReaderBase):
         self._lock = threading.Lock()
         self._closed = False
 
-    def _read_consistent_manifest(self) -> tuple[Manifest, dict[int, VarstoreError]]:
-        """The manifest and the shards whose files fail their checks, read again while an overwrite changes it."""
+    def _read_consistent_manifest(self) -> tuple[Manifest, Codec, dict[int, VarstoreError]]:
+        """The manifest, its codec and the shards that fail their checks against it (`check_listed_shard`),
+        read again while an overwrite changes it."""
         for _ in range(_OPEN_ATTEMPTS):
             manifest = read_manifest(self._absolute_path)
+            codec = codec_from_stored(manifest.codec, manifest.codec_params, path=self.path)
             damaged: dict[int, VarstoreError] = {}
             for position, entry in enumerate(manifest.shards):
                 try:
-                    _check_shard_files(self._absolute_path, entry)
+                    check_listed_shard(self._absolute_path, entry, codec)
                 except _SHARD_ERRORS as error:
                     damaged[position] = error
             if not damaged or self._version_on_disk() == manifest.version:
-                return manifest, damaged
+                return manifest, codec, damaged
         raise DatasetReplacedError(
             f"the dataset changed {_OPEN_ATTEMPTS} times while it was being opened; open it again", path=self.path
         )
