@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 from typing import Any
 
-STORE_HELP = "a shard (its name, .index or .data file) or a dataset directory"
+from ..manifest import MANIFEST_NAME
+
+STORE_HELP = "a shard (its name, .index or .data file), or a dataset (its directory or its manifest.json)"
 _SIZE = re.compile(r"(\d+)\s*([KMGT]?)(i?B)?", re.IGNORECASE)
 _SIZE_POWERS = {"": 0, "K": 10, "M": 20, "G": 30, "T": 40}
 
@@ -47,9 +50,16 @@ def json_object(text: str) -> dict[str, Any]:
     return value
 
 
+def store_path(path: str) -> str:
+    """The path to open for what a user named: a dataset's ``manifest.json`` stands for its directory."""
+    if os.path.basename(path) == MANIFEST_NAME and os.path.isfile(path):
+        return os.path.dirname(path) or "."
+    return path
+
+
 def add_store_arguments(parser: argparse.ArgumentParser) -> None:
     """The store path and ``--json`` that the read-only commands take."""
-    parser.add_argument("path", help=STORE_HELP)
+    parser.add_argument("path", type=store_path, help=STORE_HELP)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 

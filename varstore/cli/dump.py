@@ -13,9 +13,9 @@ import varstore
 
 from ..msgpack_check import MAX_DEPTH
 from ..record_json import to_json
-from .arguments import STORE_HELP, non_negative_int
+from .arguments import STORE_HELP, non_negative_int, store_path
 from .errors import CommandError, UsageError
-from .output import plural, print_json
+from .output import listing, plural, print_json
 from .render import hex_view, render_array, render_sample, render_text
 
 _CHUNK_RECORDS = 256
@@ -29,24 +29,34 @@ def add_parser(commands: Any) -> None:
         help="print records",
         description="Print records decoded by their codec: arrays with dtype, shape and values, structured samples "
         "as JSON-like text, text quoted, bytes as a hex and ASCII view. Prints every record unless told which.",
-        epilog="examples:\n  varstore dump docs -i 0 -i -1\n  varstore dump train/ --range=-10:\n"
-        "  varstore dump docs --head 5 --json | jq .record\n  varstore dump images -i 3 --raw > image3.jpg",
+        epilog="selection: -i INDEX must name a record (an index past either end is an error); --range, --head and "
+        "--tail clamp to the records there are, like a Python slice (--range 40:50 of 44 records prints 40 to 43).\n\n"
+        "examples:\n  varstore dump docs -i 0 -i -1\n  varstore dump train/ --range=-10:\n"
+        "  varstore dump docs --head 5 --json | jq .record\n"
+        "  varstore dump images -i 3 --field image --raw > 3.jpg   (a folder converted with --labels)\n"
+        "  varstore dump samples --head 3 --field meta.caption",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("path", help=STORE_HELP)
+    parser.add_argument("path", type=store_path, help=STORE_HELP)
     which = parser.add_mutually_exclusive_group()
     which.add_argument("-i", "--index", type=int, action="append", metavar="INDEX",
                        help="a record to print (repeatable); negative counts from the end")
     which.add_argument("--range", metavar="A:B",
-                       help="records A (included) to B (excluded); negative values count from the end, either may be "
-                       "left out; write --range=-10: when A is negative")
-    which.add_argument("--head", type=non_negative_int, metavar="N", help="the first N records")
-    which.add_argument("--tail", type=non_negative_int, metavar="N", help="the last N records")
+                       help="records A (included) to B (excluded), clamped to the records there are, as in a Python "
+                       "slice; negative values count from the end, either may be left out; write --range=-10: when A "
+                       "is negative")
+    which.add_argument("--head", type=non_negative_int, metavar="N", help="the first N records (all, if fewer)")
+    which.add_argument("--tail", type=non_negative_int, metavar="N", help="the last N records (all, if fewer)")
+    parser.add_argument("--field", metavar="NAME",
+                        help="msgpack records: print (or with --raw, write) only this field; a dotted path such as "
+                        "meta.caption reaches into nested maps")
     style = parser.add_mutually_exclusive_group()
     style.add_argument("--json", action="store_true",
                        help='one JSON object per line: {"index", "size", "record"}; bytes are {"$bytes": hex}, '
                        'arrays {"$array": {"dtype", "shape", "values"}}')
-    style.add_argument("--raw", action="store_true", help="write the exact payload bytes to stdout, back to back")
+    style.add_argument("--raw", action="store_true",
+                       help="write the exact payload bytes to stdout, back to back; with --field, that field's bytes "
+                       "(bytes as they are, text as UTF-8, arrays as their raw values)")
     parser.add_argument("--limit", type=non_negative_int, default=256, metavar="N",
                         help="show at most N bytes of a hex view, characters of text or elements of an array "
                         "(default 256; 0 shows everything)")
@@ -54,20 +64,15 @@ def add_parser(commands: Any) -> None:
 
 
 def _parse_range(text: str, count: int) -> range:
+    """``A:B`` as Python slices it: negative bounds count from the end, bounds past either end are clamped."""
     start_text, separator, stop_text = text.partition(":")
     try:
         if not separator:
             raise ValueError
-        bounds = [int(part) if part.strip() else default for part, default in ((start_text, 0), (stop_text, count))]
+        start, stop = (int(part) if part.strip() else None for part in (start_text, stop_text))
     except ValueError:
         raise UsageError(f"--range takes A:B with integers A and B (either may be left out), not {text!r}") from None
-    for bound in bounds:
-        if not -count <= bound <= count:
-            raise UsageError(f"--range bound {bound} is out of range for {count} records")
-    start, stop = (bound + count if bound < 0 else bound for bound in bounds)
-    if start > stop:
-        raise UsageError(f"--range {text} starts at record {start}, after its end {stop}")
-    return range(start, stop)
+    return range(count)[start:stop]
 
 
 def _selected_indices(args: argparse.Namespace, count: int) -> np.ndarray | range:
@@ -75,7 +80,7 @@ def _selected_indices(args: argparse.Namespace, count: int) -> np.ndarray | rang
     if args.index is not None:
         for index in args.index:
             if not -count <= index < count:
-                raise UsageError(f"record {index} is out of range for {count} records (valid: {-count} to {count - 1})")
+                raise UsageError(f"record {index} is out of range for {plural(count, 'record')} (valid: {-count} to {count - 1})")
         return np.array([index + count if index < 0 else index for index in args.index], np.int64)
     if args.range is not None:
         return _parse_range(args.range, count)
@@ -114,6 +119,65 @@ def _write_raw(store: varstore.Reader | varstore.ShardedReader, indices: np.ndar
     output.flush()
 
 
+def _field_value(record: Any, field: str, where: str) -> Any:
+    """The value at a dotted path of a msgpack record: ``meta.caption`` is ``record["meta"]["caption"]``.
+
+    A part that is an integer also finds an integer key, since msgpack maps may have them.
+    """
+    value = record
+    parts = field.split(".")
+    for depth, part in enumerate(parts):
+        reached = ".".join(parts[:depth]) or "the record"
+        if not isinstance(value, dict):
+            raise CommandError(f"{where}: no field {field!r}: {reached} is {_kind(value)}, not a map")
+        if part in value:
+            value = value[part]
+        elif part.lstrip("-").isdigit() and int(part) in value:
+            value = value[int(part)]
+        else:
+            raise CommandError(f"{where}: no field {field!r}: {reached} has {listing([str(key) for key in value]) or 'no fields'}")
+    return value
+
+
+def _kind(value: Any) -> str:
+    """``null``, ``an int``, ``a list``: a value's type as a sentence names it."""
+    if value is None:
+        return "null"
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+def _field_bytes(value: Any, where: str) -> bytes:
+    """What ``--raw`` writes of a field: bytes as they are, text as UTF-8, an array's values as stored."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, np.ndarray):
+        return np.ascontiguousarray(value).tobytes()
+    raise CommandError(f"{where}: the field holds {_kind(value)}; --raw writes bytes, text or arrays only")
+
+
+def _write_raw_fields(store: varstore.Reader | varstore.ShardedReader, indices: np.ndarray | range, field: str) -> None:
+    output = sys.stdout.buffer
+    for chunk in _chunks(indices):
+        for index, record in zip(chunk.tolist(), store.get_batch(chunk)):
+            where = f"{store.path}, record {index}"
+            output.write(_field_bytes(_field_value(record, field, where), where))
+    output.flush()
+
+
+def _render_value(value: Any, limit: int) -> tuple[str, str]:
+    """(what a field value is, its text): shown by its type, as a whole record of its kind would be."""
+    if isinstance(value, bytes):
+        return plural(len(value), "byte"), hex_view(value, limit)
+    if isinstance(value, str):
+        return plural(len(value), "character"), render_text(value, limit)
+    if isinstance(value, np.ndarray):
+        return f"{value.dtype.name} {tuple(value.shape)}", render_array(value, limit)
+    return "null" if value is None else type(value).__name__, render_sample(value, limit)
+
+
 def _describe_record(record: Any, size: int) -> str:
     if isinstance(record, np.ndarray):
         return f"{plural(size, 'byte')}, {record.dtype.name} {tuple(record.shape)}"
@@ -136,6 +200,12 @@ def _print_record(index: int, size: int, record: Any, codec: str, limit: int) ->
         print(body)
 
 
+def _print_field(index: int, field: str, value: Any, limit: int) -> None:
+    description, body = _render_value(value, limit)
+    print(f"record {index}, field {field}: {description}")
+    print(body)
+
+
 @contextmanager
 def _room_for_the_deepest_records() -> Iterator[None]:
     """Let rendering recurse through the deepest records a writer accepts (msgpack, `MAX_DEPTH` levels)."""
@@ -147,19 +217,32 @@ def _room_for_the_deepest_records() -> Iterator[None]:
         sys.setrecursionlimit(limit)
 
 
+def _check_field(args: argparse.Namespace, store: varstore.Reader | varstore.ShardedReader) -> None:
+    if args.field is not None and store.codec != "msgpack":
+        raise UsageError(f"--field picks a field of structured (msgpack) records; {store.path} holds {store.codec} records")
+
+
 def run(args: argparse.Namespace) -> int:
     if sys.stdout is None:  # started with its standard output closed (`varstore dump ... >&-`)
         raise CommandError("standard output is closed: there is nowhere to write the records")
     with varstore.open(args.path) as store, _room_for_the_deepest_records():
         indices = _selected_indices(args, len(store))
+        _check_field(args, store)
         if args.raw:
-            _write_raw(store, indices)
+            if args.field is None:
+                _write_raw(store, indices)
+            else:
+                _write_raw_fields(store, indices, args.field)
             return 0
         for chunk in _chunks(indices):
             records = store.get_batch(chunk)
             for index, size, record in zip(chunk.tolist(), _payload_sizes(store, chunk), records):
+                if args.field is not None:
+                    record = _field_value(record, args.field, f"{store.path}, record {index}")
                 if args.json:
                     print_json({"index": index, "size": size, "record": to_json(record)})
+                elif args.field is not None:
+                    _print_field(index, args.field, record, args.limit)
                 else:
                     _print_record(index, size, record, store.codec, args.limit)
     return 0
