@@ -67,11 +67,12 @@ def test_object_npy_is_refused(capsys, tmp_path):
     assert_one_line_error(code, err, "objects.npy", "not an .npy array that can be memory-mapped")
 
 
-def _split_at_separator(tokens: list[int]) -> list[list[int]]:
+def _split_at_separator(tokens: list[int], *, drop: bool) -> list[list[int]]:
+    """Documents as the README defines them: each separator ends its document, as its last token unless dropped."""
     documents, current = [], []
     for token in tokens:
         if token == SEPARATOR:
-            documents.append(current)
+            documents.append(current if drop else current + [token])
             current = []
         else:
             current.append(token)
@@ -79,13 +80,14 @@ def _split_at_separator(tokens: list[int]) -> list[list[int]]:
 
 
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(st.lists(st.sampled_from([1, 2, 3, SEPARATOR, 65535]), max_size=60), st.sampled_from([2, 6, 14]))
-def test_token_file_splits_into_documents_across_chunk_boundaries(capsys, tmp_path_factory, monkeypatch, tokens, chunk_bytes):
+@given(st.lists(st.sampled_from([1, 2, 3, SEPARATOR, 65535]), max_size=60), st.sampled_from([2, 6, 14]), st.booleans())
+def test_token_file_splits_into_documents_across_chunk_boundaries(capsys, tmp_path_factory, monkeypatch, tokens, chunk_bytes, drop):
     monkeypatch.setattr(sources, "_CHUNK_BYTES", chunk_bytes)
     directory = tmp_path_factory.mktemp("tokens")
     np.array(tokens, np.uint16).tofile(directory / "train.bin")
-    _convert(capsys, directory / "train.bin", directory / "ds", "--dtype", "uint16", "--separator", SEPARATOR)
-    assert [record.tolist() for record in _dumped(capsys, directory / "ds")] == _split_at_separator(tokens)
+    _convert(capsys, directory / "train.bin", directory / "ds", "--dtype", "uint16", "--separator", SEPARATOR,
+             *(["--drop-separator"] if drop else []))
+    assert [record.tolist() for record in _dumped(capsys, directory / "ds")] == _split_at_separator(tokens, drop=drop)
 
 
 @pytest.mark.parametrize(
@@ -422,7 +424,7 @@ def test_max_record_bytes_does_not_apply_to_arrays(capsys, tmp_path):
     np.save(tmp_path / "rows.npy", np.zeros((2, 2)))
     code, _, err = run(capsys, "convert", tmp_path / "rows.npy", tmp_path / "ds", "--max-record-bytes", "1K")
     assert code == 2
-    assert_one_line_error(code, err, "--max_record_bytes does not apply to npy sources")
+    assert_one_line_error(code, err, "--max-record-bytes does not apply to npy sources")
 
 
 def test_parquet_claiming_more_rows_than_its_bytes_is_refused(capsys, tmp_path):

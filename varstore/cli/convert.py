@@ -10,28 +10,34 @@ from typing import Any
 import varstore
 
 from .arguments import add_quiet_option, byte_size, json_object, positive_int
-from .destination import removed_if_created_and_failed
+from .destination import add_allow_other_files_option, check_destination, removed_if_created_and_failed
 from .errors import CommandError, UsageError
-from .output import format_size, plural, progress_bar
+from .output import format_size, listing, plural, progress_bar
 from .sources import DEFAULT_MAX_RECORD_BYTES, FolderSource, JsonLinesSource, NpySource, ParquetSource, Source, TextSource, TokenSource
 
 _FORMAT_BY_SUFFIX = {".npy": "npy", ".bin": "tokens", ".jsonl": "jsonl", ".ndjson": "jsonl", ".txt": "text", ".parquet": "parquet"}
 # The options each source format reads; any other source option given is a usage error, never silently ignored.
 _FORMAT_OPTIONS = {
     "npy": {"offsets"},
-    "tokens": {"dtype", "separator"},
-    "jsonl": {"field", "codec", "max_record_bytes"},
+    "tokens": {"dtype", "separator", "drop_separator"},
+    "jsonl": {"field", "skip_null", "codec", "max_record_bytes"},
     "text": {"codec", "max_record_bytes"},
-    "folder": {"max_record_bytes"},
-    "parquet": {"field", "codec"},
+    "folder": {"labels", "max_record_bytes"},
+    "parquet": {"field", "skip_null", "codec"},
 }
-_SOURCE_OPTIONS = ("offsets", "dtype", "separator", "field", "codec", "max_record_bytes")
+_SOURCE_OPTIONS = ("offsets", "dtype", "separator", "drop_separator", "field", "skip_null", "codec", "labels", "max_record_bytes")
 
 _EPILOG = """sources (the format is told by the name, or by --format):
-  DIR/             folder: one msgpack record {"name": relative path, "data": bytes} per file, sorted by path
+  DIR/             folder: one msgpack record {"name": relative path, "data": bytes} per file, sorted by path;
+                   with --labels (torchvision's ImageFolder layout DIR/CLASS/FILE): {"image": bytes,
+                   "label": int, "path": relative path}, label k being the k-th sorted sub-folder name,
+                   and the names listed in the metadata as {"labels": [...]}
   FILE.npy         npy: one ndarray record per row, or split along the first axis by --offsets
-  FILE.bin         tokens: raw token ids of --dtype, one record per document between --separator tokens
-  FILE.jsonl       jsonl: one msgpack record per line, or the text of one --field (str, or bytes with --codec)
+  FILE.bin         tokens: raw token ids of --dtype, one record per document; each --separator token
+                   stays the last token of the document it ends (nanoGPT's end-of-text token reaches
+                   the model), unless --drop-separator: 1 2 9 3 9 4 with separator 9 gives [1 2 9] [3 9] [4]
+  FILE.jsonl       jsonl: one msgpack record per line, or the text of one --field (str, or bytes with --codec);
+                   a null field is an error unless --skip-null leaves that line out
   FILE.txt         text: one record per line, line endings removed (str, or bytes with --codec bytes)
   FILE.parquet     parquet: one msgpack record per row, or one --field column (needs pyarrow)
 
@@ -45,12 +51,14 @@ limits:
   has bytes (e.g. an .npy of shape (2**40, 0): rows of no bytes) is refused
   before anything is written.
   DST is locked for one writer: a second convert or merge into it is refused.
+  DST must be new, empty or a dataset (replaced only with --overwrite): a folder
+  holding other files is refused unless --allow-other-files.
   A failed convert removes what it wrote, and DST itself if it created it.
 
 examples:
   varstore convert train.bin train/ --dtype uint16 --separator 50256
   varstore convert docs.jsonl docs/ --field text --max-shard-bytes 512M
-  varstore convert images/ images-ds/"""
+  varstore convert photos/ images/ --labels"""
 
 
 def add_parser(commands: Any) -> None:
@@ -68,8 +76,16 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--offsets", metavar="FILE.npy",
                         help="npy: N + 1 row boundaries; record k is rows offsets[k] to offsets[k + 1]")
     parser.add_argument("--dtype", help="tokens: the integer type of the token ids, e.g. uint16")
-    parser.add_argument("--separator", type=int, metavar="TOKEN", help="tokens: the token id that ends each document")
+    parser.add_argument("--separator", type=int, metavar="TOKEN",
+                        help="tokens: the token id that ends each document; it stays the document's last token")
+    parser.add_argument("--drop-separator", action="store_true", default=None,
+                        help="tokens: leave the separator tokens out of the records")
     parser.add_argument("--field", help="jsonl, parquet: store only this text (or binary) field of each sample")
+    parser.add_argument("--skip-null", action="store_true", default=None,
+                        help="jsonl, parquet with --field: leave out the samples whose field is null (default: refuse them)")
+    parser.add_argument("--labels", action="store_true", default=None,
+                        help='folder: label each file by its sub-folder, as torchvision\'s ImageFolder does: records '
+                        '{"image", "label", "path"} and the sorted sub-folder names as metadata "labels"')
     parser.add_argument("--codec", choices=("str", "bytes"),
                         help="text, and jsonl or parquet with --field: store str records (default) or UTF-8 bytes")
     parser.add_argument("--max-shard-bytes", type=byte_size, default=256 << 20, metavar="SIZE",
@@ -79,6 +95,7 @@ def add_parser(commands: Any) -> None:
                         help="jsonl, text, folder: refuse a line or file longer than SIZE (default 64M)")
     parser.add_argument("--metadata", type=json_object, metavar="JSON", help="user metadata, a JSON object")
     parser.add_argument("--overwrite", action="store_true", help="replace a dataset already at DST")
+    add_allow_other_files_option(parser)
     add_quiet_option(parser)
     parser.set_defaults(run=run)
 
@@ -101,7 +118,7 @@ def _open_source(args: argparse.Namespace) -> Source:
     kind = _source_format(args)
     for option in _SOURCE_OPTIONS:
         if getattr(args, option) is not None and option not in _FORMAT_OPTIONS[kind]:
-            raise UsageError(f"--{option} does not apply to {kind} sources")
+            raise UsageError(f"--{option.replace('_', '-')} does not apply to {kind} sources")
     if (kind == "folder") != os.path.isdir(args.source):
         raise UsageError(f"{args.source}: the {kind} format needs {'a folder' if kind == 'folder' else 'a file'}")
     if kind == "npy":
@@ -109,23 +126,27 @@ def _open_source(args: argparse.Namespace) -> Source:
     if kind == "tokens":
         if args.dtype is None or args.separator is None:
             raise UsageError("a token file needs --dtype (e.g. uint16) and --separator (the end-of-document token id)")
-        return TokenSource(args.source, args.dtype, args.separator)
+        return TokenSource(args.source, args.dtype, args.separator, drop_separator=bool(args.drop_separator))
     max_record_bytes = args.max_record_bytes or DEFAULT_MAX_RECORD_BYTES
     if kind == "jsonl":
-        return JsonLinesSource(args.source, args.field, args.codec, max_record_bytes)
+        return JsonLinesSource(args.source, args.field, args.codec, max_record_bytes, skip_null=bool(args.skip_null))
     if kind == "text":
         return TextSource(args.source, args.codec, max_record_bytes)
     if kind == "parquet":
-        return ParquetSource(args.source, args.field, args.codec)
-    return FolderSource(args.source, max_record_bytes)
+        return ParquetSource(args.source, args.field, args.codec, skip_null=bool(args.skip_null))
+    return FolderSource(args.source, max_record_bytes, labels=bool(args.labels))
 
 
 def _dataset_writer(args: argparse.Namespace, source: Source) -> varstore.ShardedWriter:
     """The writer of DST; its refusal to replace what is there is worded for the command line (convert
     always starts again: it has no resume)."""
+    metadata = {**source.metadata, **(args.metadata or {})}
+    taken = sorted(set(source.metadata) & set(args.metadata or {}))
+    if taken:
+        raise UsageError(f"--metadata sets {listing(taken)}, which the source writes itself")
     try:
         return varstore.ShardedWriter(
-            args.destination, codec=source.codec, dtype=source.dtype, shape=source.shape, metadata=args.metadata,
+            args.destination, codec=source.codec, dtype=source.dtype, shape=source.shape, metadata=metadata,
             max_shard_bytes=args.max_shard_bytes, max_shard_records=args.max_shard_records, overwrite=args.overwrite,
         )
     except varstore.ShardExistsError as error:
@@ -138,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     # The writer locks DST for the whole run, and on an error removes every shard it wrote.
     with removed_if_created_and_failed(args.destination), _dataset_writer(args, source) as writer:
+        check_destination(args.destination, command="convert", keeps_dataset=True, allow_other_files=args.allow_other_files)
         with progress_bar(source.total, description="convert", unit=source.unit, quiet=args.quiet) as progress:
             source.write_to(writer, progress)
     seconds = time.perf_counter() - started
@@ -145,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
         payload = sum(entry.data_size for entry in dataset.manifest.shards)
         shards = len(dataset.manifest.shards)
         records = len(dataset)
+    skipped = f"; left out {plural(source.skipped, 'sample')} whose {args.field} is null" if source.skipped else ""
     print(f"wrote {plural(records, 'record')} in {plural(shards, 'shard')} ({format_size(payload)}) "
-          f"to {args.destination} in {seconds:.2f} s")
+          f"to {args.destination} in {seconds:.2f} s{skipped}")
     return 0

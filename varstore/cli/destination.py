@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 from contextlib import contextmanager
 from typing import Iterator
+
+from ..journal import JOURNAL_NAME
+from ..locking import DIRECTORY_LOCK_NAME, LOCK_SUFFIX
+from ..manifest import MANIFEST_NAME
+from ..storage import TEMP_MARK
+from .errors import CommandError
+from .output import listing
+
+ALLOW_OTHER_FILES_OPTION = "--allow-other-files"
 
 
 def _missing_directories(path: str) -> list[str]:
@@ -34,3 +44,33 @@ def removed_if_created_and_failed(directory: str) -> Iterator[None]:
             except OSError:
                 break
         raise
+
+
+def add_allow_other_files_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(ALLOW_OTHER_FILES_OPTION, action="store_true",
+                        help="write into DST even though it holds files that are not a dataset's (they are left alone)")
+
+
+def _is_dataset_file(name: str) -> bool:
+    """A name varstore writes in a dataset directory: manifest, shard files, journal, locks, temporary files."""
+    return (name in (MANIFEST_NAME, JOURNAL_NAME) or name.endswith((".data", ".index", LOCK_SUFFIX))
+            or TEMP_MARK in name)
+
+
+def check_destination(directory: str, *, command: str, keeps_dataset: bool, allow_other_files: bool) -> None:
+    """Refuse a DST that holds what `command` must not write beside, so that its shards never land among a user's files.
+
+    A directory holding files that are not a dataset's is refused unless `allow_other_files`,
+    except beside a dataset (manifest.json) that the command may replace (`keeps_dataset`: the
+    writer itself then decides, and needs --overwrite); a dataset's files are refused unless `keeps_dataset`.
+    """
+    names = sorted(set(os.listdir(directory)) - {DIRECTORY_LOCK_NAME})
+    ours = [name for name in names if _is_dataset_file(name)]
+    others = [name for name in names if not _is_dataset_file(name)]
+    if ours and not keeps_dataset:
+        raise CommandError(f"{directory}: exists and is not empty: it holds a dataset's files ({listing(ours, 5)}); "
+                           f"{command} writes a new dataset")
+    if others and not allow_other_files and not (keeps_dataset and MANIFEST_NAME in ours):
+        raise CommandError(f"{directory}: exists and is not empty: it holds files that are not a dataset's "
+                           f"({listing(others, 5)}); {command} writes a dataset into a new or empty directory; "
+                           f"pass {ALLOW_OTHER_FILES_OPTION} to write beside them")

@@ -15,13 +15,13 @@ import varstore
 from .. import format as fmt
 from ..codecs import make_codec
 from ..errors import StorageError, VarstoreError
-from ..locking import DIRECTORY_LOCK_NAME, lock_directory
+from ..locking import lock_directory
 from ..manifest import MANIFEST_NAME, Manifest, ShardEntry, commit_manifest_file, describe_shard
 from ..storage import (
     fsync_directory, make_directories, publish, remove_quietly, storage_error, sync_directory, temporary_path, write_all,
 )
 from .arguments import STORE_HELP, add_quiet_option, json_object
-from .destination import removed_if_created_and_failed
+from .destination import add_allow_other_files_option, check_destination, removed_if_created_and_failed
 from .errors import CommandError
 from .output import Progress, describe_codec, format_size, plural, progress_bar
 
@@ -40,10 +40,12 @@ def add_parser(commands: Any) -> None:
     )
     parser.add_argument("sources", nargs="+", metavar="SRC", help=STORE_HELP)
     parser.add_argument("destination", metavar="DST",
-                        help="the new dataset directory (must not exist, or be empty); locked for one writer while merge runs")
+                        help="the new dataset directory (must not exist, or be empty unless --allow-other-files); locked for one "
+                        "writer while merge runs")
     parser.add_argument("--copy", action="store_true", help="copy the files even where hard links are possible")
     parser.add_argument("--metadata", metavar="JSON", type=json_object,
                         help="user metadata of the merged dataset, a JSON object (default: the sources' when they all agree)")
+    add_allow_other_files_option(parser)
     add_quiet_option(parser)
     parser.set_defaults(run=run)
 
@@ -139,12 +141,6 @@ def _link_or_copy(source: str, destination: str, copy: bool, progress: Progress)
     return False
 
 
-def _check_empty(destination: str) -> None:
-    """DST, locked by this merge, must hold nothing but the lock: merge writes a new dataset."""
-    if set(os.listdir(destination)) - {DIRECTORY_LOCK_NAME}:
-        raise CommandError(f"{destination}: exists and is not empty; merge writes a new dataset into an empty directory")
-
-
 def _make_destination(destination: str) -> None:
     if os.path.lexists(destination) and not os.path.isdir(destination):
         raise CommandError(f"{destination}: exists and is not a directory")
@@ -182,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
         _make_destination(destination)
         # One writer per directory: the lock is held until the manifest is committed and synced.
         with lock_directory(destination):
-            _check_empty(destination)
+            check_destination(destination, command="merge", keeps_dataset=False, allow_other_files=args.allow_other_files)
             created: list[str] = []
             try:
                 entries, linked = _bring_shards(shards, destination, args.copy, args.quiet, created)

@@ -40,6 +40,8 @@ class Source:
     shape: tuple[int, ...] = ()
     unit = "B"
     total: int | None = None
+    metadata: dict[str, Any] = {}  # what the source adds to the dataset's metadata
+    skipped = 0  # inputs left out on request (null fields with --skip-null)
 
     def write_to(self, writer: ShardedWriter, progress: Progress) -> None:
         raise NotImplementedError
@@ -146,14 +148,17 @@ def _checked_offsets(path: str, rows: int) -> np.ndarray:
 class TokenSource(Source):
     """A raw token file (nanoGPT's ``.bin``): one integer dtype, documents split at a separator token.
 
-    Records are the runs of tokens between separators, which are dropped; the
-    tokens after the last separator, if any, form the last record; adjacent
-    separators make empty records.
+    Each separator ends its document and, unless `drop_separator`, stays its last
+    token, so an end-of-text token reaches training as it would from the raw
+    file: ``[1, 2, 9, 3, 9, 4]`` with separator 9 gives ``[1, 2, 9] [3, 9] [4]``
+    (``[1, 2] [3] [4]`` when dropped). The tokens after the last separator, if
+    any, form the last record; adjacent separators make a record of the
+    separator alone (an empty one when dropped).
     """
 
     codec = "ndarray"
 
-    def __init__(self, path: str, dtype: str, separator: int) -> None:
+    def __init__(self, path: str, dtype: str, separator: int, *, drop_separator: bool) -> None:
         self.path = path
         try:
             self.dtype = canonical_dtype(dtype)
@@ -164,7 +169,7 @@ class TokenSource(Source):
         limits = np.iinfo(self.dtype)
         if not limits.min <= separator <= limits.max:
             raise UsageError(f"--separator {separator} does not fit {self.dtype.name} [{limits.min}, {limits.max}]")
-        self.separator = separator
+        self.separator, self.drop_separator = separator, drop_separator
         size = os.path.getsize(path)
         if size % self.dtype.itemsize:
             raise CommandError(f"{path}: {size} bytes is not a whole number of {self.dtype.itemsize}-byte {self.dtype.name} tokens")
@@ -175,15 +180,18 @@ class TokenSource(Source):
             return
         tokens = np.memmap(self.path, self.dtype, mode="r")
         chunk_tokens = _CHUNK_BYTES // self.dtype.itemsize
+        kept = 0 if self.drop_separator else 1  # how many tokens of its separator a document keeps
         start = 0  # where the current record began
         for chunk_start in range(0, len(tokens), chunk_tokens):
             chunk = tokens[chunk_start : chunk_start + chunk_tokens]
             separators = np.flatnonzero(chunk == self.separator) + chunk_start
             if separators.size:
                 # The first record may have begun in an earlier chunk: append it as a view of the map.
-                writer.append(tokens[start : separators[0]])
-                between = tokens[separators[0] + 1 : separators[-1]]
-                writer.extend_flat(between[between != self.separator], np.diff(separators) - 1)
+                writer.append(tokens[start : separators[0] + kept])
+                between = tokens[separators[0] + 1 : separators[-1] + kept]
+                if self.drop_separator:
+                    between = between[between != self.separator]
+                writer.extend_flat(between, np.diff(separators) - 1 + kept)
                 start = int(separators[-1]) + 1
             progress(chunk.nbytes)
         if start < len(tokens):
@@ -216,16 +224,22 @@ def _field_record(value: Any, codec: str, where: str) -> str | bytes:
         return value
     expected = "text" if codec == "str" else "text or bytes"
     found = "null" if value is None else type(value).__name__
-    raise CommandError(f"{where}: the field holds {found}, expected {expected}")
+    hint = "; --skip-null leaves such records out" if value is None else ""
+    raise CommandError(f"{where}: the field holds {found}, expected {expected}{hint}")
 
 
 class JsonLinesSource(Source):
-    """JSON Lines: each line a structured sample (msgpack), or one text field of it (str or bytes)."""
+    """JSON Lines: each line a structured sample (msgpack), or one text field of it (str or bytes).
 
-    def __init__(self, path: str, field: str | None, codec: str | None, max_record_bytes: int) -> None:
+    With `skip_null`, a line whose field is null is left out (and counted in `skipped`) instead of refused.
+    """
+
+    def __init__(self, path: str, field: str | None, codec: str | None, max_record_bytes: int, *, skip_null: bool) -> None:
         if codec is not None and field is None:
             raise UsageError("--codec applies to JSON Lines only with --field; whole samples are stored as msgpack")
-        self.path, self.field, self.max_record_bytes = path, field, max_record_bytes
+        if skip_null and field is None:
+            raise UsageError("--skip-null applies to JSON Lines only with --field; whole samples may hold nulls")
+        self.path, self.field, self.max_record_bytes, self.skip_null = path, field, max_record_bytes, skip_null
         self.codec = "msgpack" if field is None else codec or "str"
         self.total = os.path.getsize(path)
 
@@ -238,6 +252,9 @@ class JsonLinesSource(Source):
             if self.field is not None:
                 if not isinstance(sample, dict) or self.field not in sample:
                     raise CommandError(f"{where}: no field {self.field!r} in this line")
+                if sample[self.field] is None and self.skip_null:
+                    self.skipped += 1
+                    continue
                 sample = _field_record(sample[self.field], self.codec, f"{where}, field {self.field!r}")
             _append(writer, sample, where)
 
@@ -275,19 +292,28 @@ class TextSource(Source):
 
 
 class FolderSource(Source):
-    """A folder of files, one msgpack record per file: ``{"name": relative path, "data": bytes}``, sorted by name.
+    """A folder of files, one msgpack record per file, sorted by path: ``{"name": relative path, "data": bytes}``.
 
-    Links to files are read; links to folders are refused rather than followed (they may loop).
-    A record is written whole, so a file over `max_record_bytes` is refused before it is read.
+    With `labels`, torchvision's ImageFolder convention: each file lies below a
+    class sub-folder, its record is ``{"image": bytes, "label": int, "path":
+    relative path}``, and the label is the position of its class among the
+    sorted sub-folder names, which the metadata lists as ``labels`` (so the
+    labels are those ImageFolder would give). Links to files are read; links to
+    folders are refused rather than followed (they may loop). A record is
+    written whole, so a file over `max_record_bytes` is refused before it is read.
     """
 
     codec = "msgpack"
     unit = "file"
 
-    def __init__(self, path: str, max_record_bytes: int) -> None:
+    def __init__(self, path: str, max_record_bytes: int, *, labels: bool) -> None:
         self.path, self.max_record_bytes = path, max_record_bytes
+        self.labels = _class_names(path) if labels else None
+        if self.labels is not None:
+            self.metadata = {"labels": self.labels}
 
     def write_to(self, writer: ShardedWriter, progress: Progress) -> None:
+        label_of = {name: label for label, name in enumerate(self.labels or ())}
         for path, name in _files_in(self.path, ""):
             if not os.path.isfile(path):
                 raise CommandError(f"{path}: not a regular file; convert reads regular files and links to them")
@@ -295,7 +321,17 @@ class FolderSource(Source):
                 name.encode("utf-8")
             except UnicodeEncodeError:
                 raise CommandError(f"{path!r}: the file name is not valid UTF-8; rename the file") from None
-            _append(writer, {"name": name, "data": self._read(path)}, path)
+            if self.labels is None:
+                record = {"name": name, "data": self._read(path)}
+            else:
+                class_name, separator, _ = name.partition("/")
+                if not separator:
+                    raise CommandError(f"{path}: with --labels every file lies in a sub-folder named after its label; "
+                                       "this one lies in the top folder")
+                if class_name not in label_of:
+                    raise CommandError(f"{path}: its sub-folder appeared after convert listed the labels")
+                record = {"image": self._read(path), "label": label_of[class_name], "path": name}
+            _append(writer, record, path)
             progress(1)
 
     def _read(self, path: str) -> bytes:
@@ -316,6 +352,15 @@ class FolderSource(Source):
         return data
 
 
+def _class_names(directory: str) -> list[str]:
+    """The sub-folders of `directory`, sorted: the class names of an ImageFolder, label k being the k-th."""
+    with os.scandir(directory) as entries:
+        names = sorted(entry.name for entry in entries if entry.is_dir(follow_symlinks=False))
+    if not names:
+        raise CommandError(f"{directory}: --labels takes each file's label from its sub-folder, and this folder has none")
+    return names
+
+
 def _files_in(directory: str, prefix: str) -> Iterator[tuple[str, str]]:
     """(path, name relative to the top folder with / separators) of every file below `directory`, sorted by name."""
     with os.scandir(directory) as entries:
@@ -328,13 +373,16 @@ def _files_in(directory: str, prefix: str) -> Iterator[tuple[str, str]]:
 
 
 class ParquetSource(Source):
-    """A Parquet file through pyarrow: each row a structured sample (msgpack), or one text or binary column."""
+    """A Parquet file through pyarrow: each row a structured sample (msgpack), or one text or binary column.
+
+    With `skip_null`, a row whose column value is null is left out (and counted in `skipped`) instead of refused.
+    """
 
     unit = "row"
 
-    def __init__(self, path: str, field: str | None, codec: str | None) -> None:
+    def __init__(self, path: str, field: str | None, codec: str | None, *, skip_null: bool) -> None:
         parquet = require_extra("pyarrow.parquet", "parquet", "converting Parquet")
-        self.path, self.field = path, field
+        self.path, self.field, self.skip_null = path, field, skip_null
         # Every pyarrow error derives from ArrowException (or OSError, for ArrowIOError).
         self._read_errors = (require_extra("pyarrow", "parquet", "converting Parquet").ArrowException, OSError)
         try:
@@ -345,8 +393,9 @@ class ParquetSource(Source):
         self.total = self.file.metadata.num_rows
         _check_claimed_count(path, self.total, f"its metadata claims {self.total:,} rows")
         if field is None:
-            if codec is not None:
-                raise UsageError("--codec applies to Parquet only with --field; whole rows are stored as msgpack")
+            if codec is not None or skip_null:
+                option = "--codec" if codec is not None else "--skip-null"
+                raise UsageError(f"{option} applies to Parquet only with --field; whole rows are stored as msgpack")
             self.codec = "msgpack"
             return
         if field not in schema.names:
@@ -359,6 +408,9 @@ class ParquetSource(Source):
             for row, value in enumerate(values, first_row):
                 where = f"{self.path}, row {row}"
                 if self.field is not None:
+                    if value is None and self.skip_null:
+                        self.skipped += 1
+                        continue
                     value = _field_record(value, self.codec, f"{where}, column {self.field!r}")
                 _append(writer, value, where)
             progress(len(values))
