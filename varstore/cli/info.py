@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from typing import Any
 
@@ -13,14 +14,15 @@ from .. import format as fmt
 from ..codecs import make_codec
 from ..manifest import MANIFEST_NAME, MANIFEST_VERSION
 from .arguments import add_store_arguments
-from .output import describe_codec, format_count, format_size, format_size_exactly, print_fields, print_json, print_table
+from .output import describe_codec, format_count, length_unit, format_size, format_size_exactly, plural, print_fields, print_json, print_table
 
 
 def add_parser(commands: Any) -> None:
     parser = commands.add_parser(
         "info",
         help="describe a shard or dataset",
-        description="Describe a shard or dataset: format version, codec, record count, sizes, checksums, "
+        description="Describe a shard or dataset: format version, codec, record count (and rows, or tokens, of "
+        "ndarray stores), sizes, checksums, "
         "metadata and shards. Reads only headers and the manifest, so it is instant at any size.",
     )
     add_store_arguments(parser)
@@ -72,15 +74,35 @@ def _describe(store: varstore.Reader | varstore.ShardedReader) -> dict[str, Any]
         facts["shards"] = shards
     facts["codec"] = store.codec
     facts["codec_params"] = make_codec(store.codec, dtype=store.dtype, shape=store.shape).params()
+    facts.update(_lengths(store, facts["data_size"]))
     facts["metadata"] = store.metadata
     return facts
+
+
+def _lengths(store: varstore.Reader | varstore.ShardedReader, data_size: int) -> dict[str, Any]:
+    """For ndarray stores, the rows (tokens of a token store) and array elements the payload holds; None otherwise."""
+    unit = length_unit(store.codec, store.dtype, store.shape)
+    if unit is None:
+        return {"length_unit": None, "rows": None, "elements": None}
+    rows = data_size // unit[1]
+    return {"length_unit": unit[0], "rows": rows, "elements": rows * math.prod(store.shape or ())}
+
+
+def _lengths_text(facts: dict[str, Any], shape: tuple[int, ...] | None) -> str:
+    """``3,316,349 (663.3 per record on average)``, and for rows of a shape the elements they hold."""
+    text = format_count(facts["rows"])
+    if shape:
+        text += f" of shape {tuple(shape)}, {format_count(facts['elements'])} elements"
+    if facts["record_count"]:
+        text += f" ({facts['rows'] / facts['record_count']:,.1f} per record on average)"
+    return text
 
 
 def _checksums_text(facts: dict[str, Any]) -> str:
     whole = "of each whole data file" if facts["kind"] == "dataset" else "of the whole data file"
     if facts["record_checksums"] is None:
         with_checksums = sum(shard["record_checksums"] for shard in facts["shards"])
-        return f"CRC32C per record in {with_checksums} of {len(facts['shards'])} shards; CRC32C {whole}"
+        return f"CRC32C per record in {with_checksums} of {plural(len(facts['shards']), 'shard')}; CRC32C {whole}"
     if facts["record_checksums"]:
         return f"CRC32C per record and {whole}"
     return f"no per-record checksums; CRC32C {whole} only"
@@ -105,13 +127,14 @@ def _print_text(facts: dict[str, Any], store: varstore.Reader | varstore.Sharded
     if facts["kind"] == "shard":
         kind = f"shard ({os.path.basename(store.index_path)} + {os.path.basename(store.data_path)})"
     else:
-        kind = f"dataset ({MANIFEST_NAME} version {facts['manifest_version']}, {len(facts['shards'])} shards)"
+        kind = f"dataset ({MANIFEST_NAME} version {facts['manifest_version']}, {plural(len(facts['shards']), 'shard')})"
     print_fields([
         ("path", facts["path"]),
         ("kind", kind),
         ("format", _format_text(facts)),
         ("codec", describe_codec(store.codec, store.dtype, store.shape)),
         ("records", format_count(count)),
+        *([(facts["length_unit"], _lengths_text(facts, store.shape))] if facts["length_unit"] else []),
         ("payload", payload_text),
         ("on disk", on_disk),
         ("checksums", _checksums_text(facts)),

@@ -50,6 +50,19 @@ def describe_codec(codec: str, dtype: np.dtype | None, shape: tuple[int, ...] | 
     return f"{codec}: {dtype.name}, records of shape ({dimensions}{'' if shape else ','})"
 
 
+def length_unit(codec: str, dtype: np.dtype | None, shape: tuple[int, ...] | None) -> tuple[str, int] | None:
+    """(the plural name, bytes) of one row of an ndarray store's records, or None for other codecs.
+
+    A record of shape (L,) is L tokens if its dtype is an integer (a token store), L elements otherwise;
+    a record of shape (L, *shape) is L rows.
+    """
+    if codec != "ndarray" or dtype is None:
+        return None
+    if shape:
+        return "rows", dtype.itemsize * int(np.prod(shape))
+    return ("tokens" if dtype.kind in "iu" else "elements"), dtype.itemsize
+
+
 def print_json(value: Any) -> None:
     """One strict JSON document on one line of stdout (non-finite floats must already be spelled out, §6)."""
     print(json.dumps(value, ensure_ascii=False, allow_nan=False))

@@ -13,7 +13,7 @@ import varstore
 
 from .arguments import add_store_arguments, positive_int
 from .errors import require_extra
-from .output import format_count, format_size, format_size_exactly, print_fields, print_json, print_table
+from .output import format_count, length_unit, format_size, format_size_exactly, print_fields, print_json, print_table
 
 _PERCENTILES = (50, 90, 99, 99.9)
 _BAR_WIDTH = 50
@@ -25,7 +25,8 @@ def add_parser(commands: Any) -> None:
         "stats",
         help="record size statistics and histogram",
         description="Record count and payload sizes: total, min, mean, percentiles, max, and a histogram of record "
-        "sizes (bins between powers of two unless --bins asks for equal widths). Reads every record offset, "
+        "sizes (bins between powers of two unless --bins asks for equal widths); for ndarray stores each figure "
+        "also in rows (tokens for integer records of shape (L,)). Reads every record offset, "
         "never a payload.",
     )
     add_store_arguments(parser)
@@ -58,6 +59,19 @@ def _percentiles(sizes: np.ndarray) -> list[int]:
     return np.partition(sizes, positions)[positions].tolist()
 
 
+def _length_statistics(facts: dict[str, Any], unit: tuple[str, int] | None) -> dict[str, Any] | None:
+    """The byte figures of an ndarray store again in rows (tokens of a token store), JSON-ready; None for other codecs."""
+    if unit is None:
+        return None
+    name, row_bytes = unit
+    lengths: dict[str, Any] = {"unit": name, "total": facts["total_bytes"] // row_bytes}
+    if facts["records"]:
+        lengths.update({key: facts[key] // row_bytes for key in ("min", "max")})
+        lengths["mean"] = facts["mean"] / row_bytes
+        lengths["percentiles"] = {key: value // row_bytes for key, value in facts["percentiles"].items()}
+    return lengths
+
+
 def _size_statistics(sizes: np.ndarray, bins: int | None) -> dict[str, Any]:
     """The figures `stats` reports, JSON-ready."""
     facts: dict[str, Any] = {"records": len(sizes), "total_bytes": int(sizes.sum())}
@@ -81,12 +95,25 @@ def _bin_label(low: int, high: int) -> str:
     return f"{low:,}" if high == low + 1 else f"{low:,} - {high - 1:,}"
 
 
+def _in_rows(size_text: str, rows: float | None, unit: str | None) -> str:
+    """``22 bytes (11 tokens)``: a size, followed for ndarray stores by the same figure in rows."""
+    if unit is None or rows is None:
+        return size_text
+    count = f"{rows:,.1f}" if isinstance(rows, float) else format_count(rows)
+    return f"{size_text} ({count} {unit.removesuffix('s') if rows == 1 else unit})"
+
+
 def _print_text(facts: dict[str, Any]) -> None:
-    fields = [("records", format_count(facts["records"])), ("total", format_size_exactly(facts["total_bytes"]))]
+    lengths = facts["lengths"] or {}
+    unit, row_percentiles = lengths.get("unit"), lengths.get("percentiles", {})
+    fields = [("records", format_count(facts["records"])),
+              ("total", _in_rows(format_size_exactly(facts["total_bytes"]), lengths.get("total"), unit))]
     if facts["records"]:
-        fields += [("min", format_size_exactly(facts["min"])), ("mean", f"{facts['mean']:,.1f} bytes")]
-        fields += [(name, format_size_exactly(value)) for name, value in facts["percentiles"].items()]
-        fields += [("max", format_size_exactly(facts["max"]))]
+        fields += [("min", _in_rows(format_size_exactly(facts["min"]), lengths.get("min"), unit)),
+                   ("mean", _in_rows(f"{facts['mean']:,.1f} bytes", lengths.get("mean"), unit))]
+        fields += [(name, _in_rows(format_size_exactly(value), row_percentiles.get(name), unit))
+                   for name, value in facts["percentiles"].items()]
+        fields += [("max", _in_rows(format_size_exactly(facts["max"]), lengths.get("max"), unit))]
     print_fields(fields)
     if not facts["histogram"]:
         return
@@ -118,6 +145,7 @@ def _plot(facts: dict[str, Any], title: str, path: str) -> None:
 def run(args: argparse.Namespace) -> int:
     with varstore.open(args.path) as store:
         facts = _size_statistics(store.record_sizes(), args.bins)
+        facts["lengths"] = _length_statistics(facts, length_unit(store.codec, store.dtype, store.shape))
     if args.plot:
         _plot(facts, args.path, args.plot)
         facts["plot"] = args.plot
