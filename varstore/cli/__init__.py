@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import NoReturn
 
 from .. import __version__
 from ..errors import RecordIndexError, VarstoreError
@@ -20,8 +21,15 @@ _BROKEN_PIPE_EXIT_CODE = 141
 _COMMANDS = (info, dump, verify, repair, stats, convert, merge)
 
 
+class _OneLineErrorParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr, like every other error (``--help`` shows the usage)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(USAGE_EXIT_CODE, f"{self.prog}: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineErrorParser(
         prog="varstore",
         description="Inspect, check and build varstore shards and datasets.",
         epilog="Run 'varstore COMMAND --help' for the options of each command.",
