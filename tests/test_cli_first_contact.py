@@ -225,8 +225,8 @@ def test_stats_of_a_token_store_gives_each_figure_in_tokens(tmp_path, capsys):
     assert facts["lengths"] == {"unit": "tokens", "total": 10, "min": 1, "max": 6, "mean": 10 / 3,
                                 "percentiles": {"p50": 3, "p90": 6, "p99": 6, "p99.9": 6}}
     lines = run(capsys, "stats", dataset)[1].splitlines()
-    assert "total    20 bytes (10 tokens)" in lines and "min      2 bytes (1 token)" in lines
-    assert "max      12 bytes (6 tokens)" in lines
+    assert "total    20 bytes, 10 tokens" in lines and "min      2 bytes, 1 token" in lines
+    assert "max      12 bytes, 6 tokens" in lines
 
 
 # Item 11: messages.

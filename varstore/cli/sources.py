@@ -224,7 +224,7 @@ def _field_record(value: Any, codec: str, where: str) -> str | bytes:
         return value
     expected = "text" if codec == "str" else "text or bytes"
     found = "null" if value is None else type(value).__name__
-    hint = "; --skip-null leaves such records out" if value is None else ""
+    hint = "; --skip-null leaves out the samples where it is null" if value is None else ""
     raise CommandError(f"{where}: the field holds {found}, expected {expected}{hint}")
 
 

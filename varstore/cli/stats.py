@@ -96,11 +96,11 @@ def _bin_label(low: int, high: int) -> str:
 
 
 def _in_rows(size_text: str, rows: float | None, unit: str | None) -> str:
-    """``22 bytes (11 tokens)``: a size, followed for ndarray stores by the same figure in rows."""
+    """``22 bytes, 11 tokens``: a size, followed for ndarray stores by the same figure in rows."""
     if unit is None or rows is None:
         return size_text
     count = f"{rows:,.1f}" if isinstance(rows, float) else format_count(rows)
-    return f"{size_text} ({count} {unit.removesuffix('s') if rows == 1 else unit})"
+    return f"{size_text}, {count} {unit.removesuffix('s') if rows == 1 else unit}"
 
 
 def _print_text(facts: dict[str, Any]) -> None:
