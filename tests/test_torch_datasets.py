@@ -177,6 +177,17 @@ def test_skip_policy_in_workers_still_yields_every_good_record(damaged):
     assert seen == [index for index in range(8000) if index not in (1500, 1600, 6000)]
 
 
+@pytest.mark.parametrize(("context", "workers"), [("fork", 2), ("spawn", 1)])  # a spawn worker costs ~5 s here
+def test_records_skipped_by_fork_or_spawn_workers_are_counted_in_the_main_process_after_the_epoch(damaged, context, workers):
+    """Issue 11 item 6. With 2 workers, batch 1 (records 1500 and 1600) goes to worker 1 and batch 6 (6000) to worker 0."""
+    path, shards = damaged
+    dataset = RecordDataset(path, verify_reads=True, on_damaged="skip", output="numpy")
+    loader = DataLoader(dataset, batch_size=1000, num_workers=workers, multiprocessing_context=context, timeout=60,
+                        collate_fn=collate_jagged)
+    assert sum(len(batch.offsets) - 1 for batch in loader) == 8000 - 3
+    assert dataset.skipped_records == {shards[0]: 2, shards[1]: 1}
+
+
 def test_skip_policy_refuses_a_batch_with_nothing_left(damaged):
     path, _ = damaged
     dataset = RecordDataset(path, verify_reads=True, on_damaged="skip")

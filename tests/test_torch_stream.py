@@ -173,6 +173,22 @@ def test_skipped_damaged_record_shortens_its_batch_and_nothing_else(tmp_path):
     assert sorted(index for batch in batches for index in batch) == [index for index in range(2000) if index != 1000]
 
 
+def test_records_skipped_by_stream_workers_are_counted_in_the_main_process_after_the_epoch(tmp_path):
+    # 1 KiB records, 20 per shard: records 4-15 of a shard lie outside the edges that opening checks.
+    with varstore.ShardedWriter(tmp_path / "data", codec="ndarray", dtype="int32", max_shard_records=20) as writer:
+        writer.extend(np.full(256, index, np.int32) for index in range(80))
+    dataset = varstore.open(tmp_path / "data")
+    for index in (9, 70, 71):
+        with open(dataset.shard(index // 20).data_path, "r+b") as data:
+            data.seek(1024 * (index % 20) + 5)
+            data.write(b"\xff")
+    stream = RecordStream(tmp_path / "data", batch_size=8, block_size=4, collate_fn=first_values, output="numpy",
+                          verify_reads=True, on_damaged="skip")
+    loader = DataLoader(stream, batch_size=None, num_workers=2, multiprocessing_context="fork", timeout=60)
+    assert sorted(index for batch in loader for index in batch) == [i for i in range(80) if i not in (9, 70, 71)]
+    assert stream.skipped_records == {dataset.shard_paths[0]: 1, dataset.shard_paths[3]: 2}
+
+
 def test_a_worker_starting_the_same_epoch_twice_warns_about_persistent_workers(datasets, caplog):
     stream = pickle.loads(pickle.dumps(RecordStream(datasets[23], batch_size=4, collate_fn=first_values, output="numpy")))
     with patch("varstore.torch.stream.get_worker_info", return_value=SimpleNamespace(id=0, num_workers=1)):
