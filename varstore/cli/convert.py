@@ -39,7 +39,8 @@ _EPILOG = """sources (the format is told by the name, or by --format):
   FILE.jsonl       jsonl: one msgpack record per line, or the text of one --field (str, or bytes with --codec);
                    a null field is an error unless --skip-null leaves that line out
   FILE.txt         text: one record per line, line endings removed (str, or bytes with --codec bytes)
-  FILE.parquet     parquet: one msgpack record per row, or one --field column (needs pyarrow)
+  FILE.parquet     parquet: one msgpack record per row, or one --field column (needs pyarrow);
+                   null values as for jsonl
 
 limits:
   Memory stays bounded: arrays and token files are memory-mapped and written in

@@ -29,8 +29,8 @@ def add_parser(commands: Any) -> None:
         help="print records",
         description="Print records decoded by their codec: arrays with dtype, shape and values, structured samples "
         "as JSON-like text, text quoted, bytes as a hex and ASCII view. Prints every record unless told which.",
-        epilog="selection: -i INDEX must name a record (an index past either end is an error); --range, --head and "
-        "--tail clamp to the records there are, like a Python slice (--range 40:50 of 44 records prints 40 to 43).\n\n"
+        epilog="selection:\n  -i INDEX must name a record: an index past either end is an error. --range, --head and --tail\n"
+        "  clamp to the records there are, like a Python slice: --range 40:50 of 44 records prints 40 to 43.\n\n"
         "examples:\n  varstore dump docs -i 0 -i -1\n  varstore dump train/ --range=-10:\n"
         "  varstore dump docs --head 5 --json | jq .record\n"
         "  varstore dump images -i 3 --field image --raw > 3.jpg   (a folder converted with --labels)\n"
