@@ -14,7 +14,7 @@ import numpy as np
 
 from . import format as fmt
 from .checksum import crc32c, crc32c_of_range
-from .codecs import Codec, codec_from_stored
+from .codecs import Codec, check_bool_bytes, codec_from_stored
 from .errors import (
     ClosedError,
     CorruptRecordError,
@@ -160,6 +160,12 @@ class Reader(ReaderBase):
                 "truncated, extended, or paired with the wrong index",
                 path=self.data_path,
             )
+        if self.dtype is not None and data_size % self._codec.row_size:  # type: ignore[attr-defined]
+            raise FormatError(
+                f"data file is {data_size} bytes, not a whole number of {self._codec.row_size}-byte rows "  # type: ignore[attr-defined]
+                f"(dtype {self.dtype.str}, trailing shape {list(self.shape or ())})",
+                path=self.data_path,
+            )
         (first,) = _OFFSET.unpack(_pread_exactly(index_fd, fmt.OFFSET_SIZE, header.offsets_start, index_path))
         (last,) = _OFFSET.unpack(_pread_exactly(index_fd, fmt.OFFSET_SIZE, header.checksums_start - fmt.OFFSET_SIZE, index_path))
         if first != 0 or last != data_size:
@@ -184,13 +190,14 @@ class Reader(ReaderBase):
         )
         if self.verify_reads and self._checksums is None:
             raise FormatError("verify_reads=True but this shard was written without record checksums", path=index_path)
-        try:
-            self._decode: Callable[[Any, int, int], Any] | None = (
-                None if self._codec.name == "bytes" else self._codec.decoder_for(self._data_map)
-            )
-            self._rows: np.ndarray | None = self._codec.rows(self._data_map) if self.dtype is not None else None  # type: ignore[attr-defined]
-        except ValueError as error:
-            raise FormatError(f"data file does not fit the {self.codec} codec: {error}", path=self.data_path) from None
+        self._decode: Callable[[Any, int, int], Any] | None = (
+            None if self._codec.name == "bytes" else self._codec.decoder_for(self._data_map)
+        )
+        self._rows: np.ndarray | None = self._codec.rows(self._data_map) if self.dtype is not None else None  # type: ignore[attr-defined]
+        # A |b1 shard's bytes, which reads check are 0 or 1 (§2.1); None for other shards.
+        self._bool_bytes: np.ndarray | None = (
+            np.frombuffer(self._data_map, np.uint8) if self.dtype is not None and self.dtype.kind == "b" else None
+        )
 
     # -- description -------------------------------------------------------------------------
 
@@ -220,6 +227,9 @@ class Reader(ReaderBase):
         self._check_open()
         if self.dtype is None:
             raise RecordTypeError(f"as_array needs an ndarray shard, this one is {self.codec}", path=self.path)
+        if self._bool_bytes is not None and self._count:
+            offsets = self._checked_offsets(0, self._count)
+            self._check_bools(np.arange(self._count), offsets[:-1], offsets[1:])
         return self._rows
 
     def __len__(self) -> int:
@@ -323,6 +333,22 @@ class Reader(ReaderBase):
             raise self._decode_error(int(indices[position]), error)
         return row_size
 
+    def _check_bools(self, indices: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
+        """Refuse, naming the first, a record of a ``|b1`` shard holding a byte other than 0 or 1 (§2.1): one
+        vectorised pass when the ranges are consecutive records, else a check per record."""
+        data = self._bool_bytes
+        assert data is not None
+        if len(starts) and (starts[1:] == ends[:-1]).all():
+            bad = self._codec.records_with_invalid_bools(data, np.append(starts, ends[-1:]))  # type: ignore[attr-defined]
+            positions = bad[:1].tolist()
+        else:
+            positions = range(len(starts))
+        for position in positions:
+            try:
+                check_bool_bytes(data[int(starts[position]) : int(ends[position])])
+            except ValueError as error:
+                raise self._decode_error(int(indices[position]), error) from None
+
     def _row_ranges(self, indices: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[list[int], list[int]]:
         """Byte ranges of an ``ndarray`` shard as row ranges."""
         row_size = self._check_rows(indices, starts, ends)
@@ -332,6 +358,8 @@ class Reader(ReaderBase):
         rows = self._rows
         if rows is not None:
             row_starts, row_ends = self._row_ranges(indices, starts, ends)
+            if self._bool_bytes is not None:
+                self._check_bools(indices, starts, ends)
             return [rows[start:end] for start, end in zip(row_starts, row_ends)]
         data = self._data_map
         starts, ends = starts.tolist(), ends.tolist()
@@ -357,6 +385,8 @@ class Reader(ReaderBase):
         np.cumsum(lengths, out=offsets[1:])
         if self._rows is not None:
             self._check_rows(indices, starts, ends)
+            if self._bool_bytes is not None:
+                self._check_bools(indices, starts, ends)
         view = memoryview(self._data_map)
         joined = bytearray().join([view[start:end] for start, end in zip(starts.tolist(), ends.tolist())])
         view.release()
@@ -411,6 +441,8 @@ class Reader(ReaderBase):
                 yield FlatBatch(values, relative)
                 continue
             row_size = self._check_rows(np.arange(start, stop), offsets[:-1], offsets[1:])
+            if self._bool_bytes is not None:
+                self._check_bools(np.arange(start, stop), offsets[:-1], offsets[1:])
             first_row = base // row_size
             yield FlatBatch(self._rows[first_row : first_row + int(relative[-1]) // row_size], relative // row_size)
 
@@ -436,14 +468,14 @@ class Reader(ReaderBase):
     # -- checking ----------------------------------------------------------------------------
 
     def verify(self, progress: Callable[[int], None] | None = None) -> None:
-        """Check every byte and, for every record, every rule a read checks.
+        """Check every byte and, for every record, every rule a read checks (§1.3).
 
         In order: the index body checksum; that offsets never decrease; then, a chunk
-        of records at a time, each record's checksum (or, when the shard has none, the
-        whole data file's) and that each record decodes: ``ndarray`` offsets on row
-        boundaries, ``str`` records valid UTF-8, ``msgpack`` records accepted by the
-        codec's decode. Raises on a damaged structure at once; damaged records are all
-        listed in one CorruptRecordError. `progress` receives byte counts of the data file.
+        of records at a time, the whole data file's CRC32C (always: record checksums
+        locate damage but do not vouch for the header's ``data_crc32c``), each record's
+        checksum when the shard has them, and every rule of `_record_rules`. Raises on
+        a damaged structure at once; damaged records are all listed in one
+        CorruptRecordError. `progress` receives byte counts of the data file.
         """
         self._check_open()
         header = self.header
@@ -453,30 +485,27 @@ class Reader(ReaderBase):
                 f"index body checksum is {body_crc:#010x}, expected {header.body_crc32c:#010x}", path=self.index_path
             )
         self._checked_offsets(0, self._count)
-        failed_checksum: list[int] = []
-        failed_decode: list[int] = []
-        find_undecodable = self._undecodable_finder()
+        rules = self._record_rules()
+        failed: dict[str, list[int]] = {"fail their checksum": [], **{reason: [] for reason, _ in rules}}
         data_crc = 0
         with memoryview(self._data_map) as view:
             for chunk_start in range(0, self._count, _ITERATION_CHUNK):
                 offsets = self._offsets[chunk_start : min(chunk_start + _ITERATION_CHUNK, self._count) + 1]
-                if self._checksums is None:
-                    data_crc = crc32c(view[int(offsets[0]) : int(offsets[-1])], data_crc)
-                else:
-                    failed_checksum += self._bad_checksums(view, chunk_start, offsets)
-                if find_undecodable is not None:
-                    failed_decode += find_undecodable(chunk_start, offsets)
+                data_crc = crc32c(view[int(offsets[0]) : int(offsets[-1])], data_crc)
+                if self._checksums is not None:
+                    failed["fail their checksum"] += self._bad_checksums(view, chunk_start, offsets)
+                for reason, find_failing in rules:
+                    failed[reason] += find_failing(chunk_start, offsets)
                 if progress is not None:
                     progress(int(offsets[-1] - offsets[0]))
-        problems = [
-            f"{len(records)} records {reason}: {_describe(records)}"
-            for records, reason in ((failed_checksum, "fail their checksum"), (failed_decode, self._decode_rule()))
-            if records
-        ]
-        if self._checksums is None and data_crc != header.data_crc32c:
-            problems.append(f"data checksum is {data_crc:#010x}, expected {header.data_crc32c:#010x}")
+        problems = [f"{len(records)} records {reason}: {_describe(records)}" for reason, records in failed.items() if records]
+        if data_crc != header.data_crc32c and not failed["fail their checksum"]:  # else those records explain it
+            also = ", though every record passes its own checksum" if self._checksums is not None else ""
+            problems.append(
+                f"data checksum is {data_crc:#010x}, expected {header.data_crc32c:#010x} (the header's data_crc32c){also}"
+            )
         if problems:
-            damaged = sorted(set(failed_checksum) | set(failed_decode))
+            damaged = sorted(set().union(*failed.values()))
             raise CorruptRecordError("; ".join(problems), path=self.data_path, records=damaged)
 
     def _bad_checksums(self, view: memoryview, chunk_start: int, offsets: np.ndarray) -> list[int]:
@@ -490,21 +519,25 @@ class Reader(ReaderBase):
         wrong = np.flatnonzero(actual != self._checksums[chunk_start : chunk_start + count])  # type: ignore[index]
         return (wrong + chunk_start).tolist()
 
-    def _decode_rule(self) -> str:
-        """What the records `_undecodable_finder` lists break, for an error message."""
+    def _record_rules(self) -> list[tuple[str, Callable[[int, np.ndarray], list[int]]]]:
+        """The rules a read checks of a record's bytes, as (what a failing record does, for an error message;
+        a function listing the failing records of one chunk); none for ``bytes``."""
         if self.dtype is not None:
-            return f"are not on {self._codec.row_size}-byte row boundaries"  # type: ignore[attr-defined]
-        return "are not valid UTF-8" if self.codec == "str" else f"do not decode as {self.codec}"
-
-    def _undecodable_finder(self) -> Callable[[int, np.ndarray], list[int]] | None:
-        """A function listing the records of one chunk that a read would refuse to decode, or None for ``bytes``."""
-        if self.dtype is not None:
-            return self._off_row_records if self._codec.row_size > 1 else None  # type: ignore[attr-defined]
+            row_size: int = self._codec.row_size  # type: ignore[attr-defined]
+            rules = [(f"are not on {row_size}-byte row boundaries", self._off_row_records)] if row_size > 1 else []
+            if self._bool_bytes is not None:
+                rules.append(("hold |b1 bytes other than 0 or 1", self._invalid_bool_records))
+            return rules
         if self.codec == "str":
-            return self._non_utf8_records
+            return [("are not valid UTF-8", self._non_utf8_records)]
         if self.codec == "msgpack":
-            return self._undecodable_records
-        return None
+            return [("do not decode as msgpack", self._undecodable_records)]
+        return []
+
+    def _invalid_bool_records(self, chunk_start: int, offsets: np.ndarray) -> list[int]:
+        """Records of a ``|b1`` chunk holding a byte other than 0 or 1, in one vectorised pass."""
+        bad = self._codec.records_with_invalid_bools(self._bool_bytes, offsets)  # type: ignore[attr-defined]
+        return (bad + chunk_start).tolist()
 
     def _off_row_records(self, chunk_start: int, offsets: np.ndarray) -> list[int]:
         """Records of an ``ndarray`` chunk with an offset off a row boundary (both records sharing it), vectorised."""
@@ -555,7 +588,7 @@ class Reader(ReaderBase):
             return
         self._closed = True
         self._count = 0
-        self._offsets = self._checksums = self._decode = self._rows = None  # type: ignore[assignment]
+        self._offsets = self._checksums = self._decode = self._rows = self._bool_bytes = None  # type: ignore[assignment]
         for mapped in (self._index_map, self._data_map):
             if isinstance(mapped, mmap.mmap):
                 try:
