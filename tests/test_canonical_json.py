@@ -172,3 +172,11 @@ def test_manifest_json_nested_64_deep_passes_the_json_rules(tmp_path):
     for _ in range(62):
         (innermost,) = innermost
     assert innermost == []
+
+
+@pytest.mark.parametrize("number", [float("nan"), float("inf"), -float("inf")], ids=["nan", "inf", "-inf"])
+def test_writers_refuse_non_finite_floats_readers_would_refuse(tmp_path, number):
+    with pytest.raises(varstore.FormatError, match="metadata must be JSON-serialisable: Out of range float values"):
+        varstore.Writer(tmp_path / "s", metadata={"x": [number]})
+    with pytest.raises(varstore.FormatError, match="Out of range float values"):
+        canonical({"x": number})
