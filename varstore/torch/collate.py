@@ -117,11 +117,17 @@ def _as_array(sample: Any, position: int) -> tuple[np.ndarray, torch.dtype | Non
     return array, restore
 
 
-def _flat(samples: Sequence[Any], keep_dtype: bool) -> tuple[np.ndarray, np.ndarray, torch.dtype | None]:
-    """(values, lengths, dtype to restore) of a list of samples, checking they agree in dtype and trailing shape.
+class _Flat(NamedTuple):
+    """Samples back to back, before they become tensors."""
 
-    The values are copied once, into int64 for integer numpy samples unless `keep_dtype`.
-    """
+    values: np.ndarray  # in the samples' dtype, maybe a read-only view
+    lengths: np.ndarray
+    restore: torch.dtype | None  # the torch dtype numpy could not hold, to view the result as
+    dtype: np.dtype  # of the tensor to make: `tensor_dtype` for numpy samples, the samples' own for tensors
+
+
+def _flat(samples: Sequence[Any], keep_dtype: bool) -> _Flat:
+    """A list of samples back to back (one copy), checking they agree in dtype and trailing shape."""
     if len(samples) == 0:
         raise RecordTypeError("cannot collate an empty batch")
     converted = [_as_array(sample, position) for position, sample in enumerate(samples)]
@@ -133,21 +139,22 @@ def _flat(samples: Sequence[Any], keep_dtype: bool) -> tuple[np.ndarray, np.ndar
                 f"dtype {restore or first.dtype} and shape {first.shape}: only the first dimension may vary"
             )
     lengths = np.array([array.shape[0] for array, _ in converted], np.int64)
-    dtype = first.dtype if not isinstance(samples[0], np.ndarray) else tensor_dtype(first.dtype, keep_dtype)
-    return np.concatenate([array for array, _ in converted], dtype=dtype), lengths, restore
+    dtype = tensor_dtype(first.dtype, keep_dtype) if isinstance(samples[0], np.ndarray) else first.dtype
+    return _Flat(np.concatenate([array for array, _ in converted]), lengths, restore, dtype)
 
 
-def _flat_batch(batch: Any, keep_dtype: bool) -> tuple[np.ndarray, np.ndarray, torch.dtype | None] | None:
-    """(values, lengths, dtype to restore) if `batch` was read flat already, else None; numpy values as in `_flat`."""
+def _flat_batch(batch: Any, keep_dtype: bool) -> _Flat | None:
+    """`batch` as a `_Flat` if it was read flat already, else None."""
     if isinstance(batch, FlatBatch):
-        return batch.values.astype(tensor_dtype(batch.values.dtype, keep_dtype), copy=False), np.diff(batch.offsets), None
+        return _Flat(batch.values, np.diff(batch.offsets), None, tensor_dtype(batch.values.dtype, keep_dtype))
     if isinstance(batch, JaggedBatch):
         values, restore = _as_array(batch.values, 0)
-        return values, batch.lengths.numpy(), restore
+        return _Flat(values, batch.lengths.numpy(), restore, values.dtype)
     return None
 
 
 def _to_tensor(array: np.ndarray, restore: torch.dtype | None) -> torch.Tensor:
+    """A tensor of `array` (which is never converted when `restore` is set), copied only if `array` is read-only."""
     tensor = writable_tensor(array)
     return tensor if restore is None else tensor.view(restore)
 
@@ -202,12 +209,12 @@ def collate_padded(
                 batch, lambda field: collate_padded(field, pad_value, pad_to_multiple, keep_dtype=keep_dtype), keep_dtype
             )
         flat = _flat(batch, keep_dtype)
-    values, lengths, restore = flat
+    values, lengths, restore, dtype = flat
     longest = int(lengths.max()) if len(lengths) else 0
     width = math.ceil(longest / pad_to_multiple) * pad_to_multiple
-    padded = np.full((len(lengths), width, *values.shape[1:]), _fill_value(pad_value, values.dtype, restore), values.dtype)
+    padded = np.full((len(lengths), width, *values.shape[1:]), _fill_value(pad_value, dtype, restore), dtype)
     mask = np.arange(width) < lengths[:, None]
-    padded[mask] = values
+    padded[mask] = values  # the copy, converting to int64 on the way
     return PaddedBatch(_to_tensor(padded, restore), torch.from_numpy(lengths.astype(np.int64)), torch.from_numpy(mask))
 
 
@@ -224,7 +231,7 @@ def collate_jagged(batch: Any, *, keep_dtype: bool = False) -> JaggedBatch | dic
         if len(batch) and isinstance(batch[0], dict):
             return _by_field(batch, lambda field: collate_jagged(field, keep_dtype=keep_dtype), keep_dtype)
         flat = _flat(batch, keep_dtype)
-    values, lengths, restore = flat
+    values, lengths, restore, dtype = flat
     offsets = np.zeros(len(lengths) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    return JaggedBatch(_to_tensor(values, restore), torch.from_numpy(offsets))
+    return JaggedBatch(_to_tensor(values.astype(dtype, copy=False), restore), torch.from_numpy(offsets))
