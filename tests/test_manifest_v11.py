@@ -139,6 +139,21 @@ def test_symlinked_manifest_is_refused_even_when_its_target_is_valid(tmp_path):
         varstore.open(directory)
 
 
+def test_writer_over_a_symlinked_manifest_replaces_the_link_and_leaves_its_target(tmp_path):
+    directory = write_dataset(tmp_path / "d", [[b"a"]])
+    target = tmp_path / "elsewhere.json"
+    os.replace(directory / MANIFEST_NAME, target)
+    kept = target.read_bytes()
+    os.symlink(target, directory / MANIFEST_NAME)
+    with pytest.raises(varstore.ShardExistsError, match="manifest is a symbolic link"):
+        varstore.ShardedWriter(directory)
+    with varstore.ShardedWriter(directory, overwrite=True) as writer:
+        writer.append(b"new")
+    assert not (directory / MANIFEST_NAME).is_symlink() and target.read_bytes() == kept
+    with varstore.open(directory) as dataset:
+        assert list(dataset) == [b"new"]
+
+
 # -- names -----------------------------------------------------------------------------------------
 
 
