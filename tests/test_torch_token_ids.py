@@ -150,7 +150,9 @@ def test_uint64_records_that_may_not_fit_int64_are_refused_unless_keep_dtype(tmp
         collate_jagged(RecordDataset(tmp_path / "ids", output="numpy").__getitems__([0]))
 
 
-@pytest.mark.parametrize(("dtype", "tensor_dtype"), [("float16", torch.float16), ("float32", torch.float32), ("bool", torch.bool)])
+@pytest.mark.parametrize(
+    ("dtype", "tensor_dtype"), [("float16", torch.float16), ("float32", torch.float32), ("bool", torch.bool)]
+)
 def test_floats_and_bools_keep_their_dtype(tmp_path, dtype, tensor_dtype):
     with varstore.Writer(tmp_path / "values", codec="ndarray", dtype=dtype) as writer:
         writer.extend([np.ones(3, dtype), np.zeros(5, dtype)])
@@ -182,7 +184,8 @@ def test_integer_arrays_inside_msgpack_records_become_int64_and_other_fields_kee
             writer.append({"tokens": np.arange(VOCABULARY - length, VOCABULARY, dtype=np.uint16), "label": length,
                            "weights": np.ones(length, np.float32), "raw": b"\x01\x02", "nested": [np.zeros(2, np.int8)]})
     sample = RecordDataset(tmp_path / "records")[0]
-    assert (sample["tokens"].dtype, sample["weights"].dtype, sample["nested"][0].dtype) == (torch.int64, torch.float32, torch.int64)
+    dtypes = (sample["tokens"].dtype, sample["weights"].dtype, sample["nested"][0].dtype)
+    assert dtypes == (torch.int64, torch.float32, torch.int64)
     assert (sample["label"], sample["raw"]) == (3, b"\x01\x02")
     assert embedding(sample["tokens"]).shape == (3, 8)
     kept = RecordDataset(tmp_path / "records", keep_dtype=True)[0]

@@ -60,7 +60,8 @@ def writable_tensor(array: np.ndarray) -> torch.Tensor:
 
 
 def tensor_dtype(dtype: np.dtype, keep_dtype: bool, *, path: str | None = None) -> np.dtype:
-    """The dtype stored `dtype` takes as a tensor: integers become int64 unless `keep_dtype`; uint64, which may not fit, is refused."""
+    """The dtype stored `dtype` takes as a tensor: integers become int64 unless `keep_dtype` (uint64, which may not
+    fit, is refused); floats and bools keep theirs."""
     if keep_dtype or dtype.kind not in "iu" or dtype == np.int64:
         return dtype
     if dtype == np.uint64:
@@ -214,7 +215,7 @@ def collate_padded(
     width = math.ceil(longest / pad_to_multiple) * pad_to_multiple
     padded = np.full((len(lengths), width, *values.shape[1:]), _fill_value(pad_value, dtype, restore), dtype)
     mask = np.arange(width) < lengths[:, None]
-    padded[mask] = values  # the copy, converting to int64 on the way
+    padded[mask] = values  # the one copy, converting to `dtype` on the way
     return PaddedBatch(_to_tensor(padded, restore), torch.from_numpy(lengths.astype(np.int64)), torch.from_numpy(mask))
 
 

@@ -31,8 +31,11 @@ def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
 
 
 def check_keep_dtype(keep_dtype: bool, output: str) -> None:
+    """Refuse ``keep_dtype=True`` where it could do nothing: numpy output is never converted."""
     if keep_dtype and output == "numpy":
-        raise VarstoreError("output='numpy' always keeps the stored dtype; pass keep_dtype=True to the collate function instead")
+        raise VarstoreError(
+            "output='numpy' always keeps the stored dtype; pass keep_dtype=True to the collate function instead"
+        )
 
 
 def _shard_paths(reader: Reader | ShardedReader) -> list[str]:
