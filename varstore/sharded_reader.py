@@ -2,11 +2,11 @@
 
 A reader pins the dataset version it opened (a BLAKE2b-128 digest of the
 manifest's bytes). Opening checks every listed shard's file sizes and index
-header against its manifest entry (one 64-byte read per shard); a shard is mapped
-lazily and checked against its whole entry again (sizes, record count, codec,
-data and index checksums); when that fails and the manifest on disk has changed meanwhile,
-the dataset was replaced under the reader, which raises `DatasetReplacedError`
-rather than read another version.
+header against its manifest entry (one 64-byte read per shard); a shard is
+mapped lazily and checked against its whole entry again (sizes, record count,
+codec, data and index checksums); when that fails and the manifest on disk has
+changed meanwhile, the dataset was replaced under the reader, which raises
+`DatasetReplacedError` rather than read another version.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def _check_shard_file(path: str, expected_size: int) -> None:
 
 def check_listed_shard(directory: str, entry: ShardEntry, codec: Codec) -> None:
     """Check a listed shard against its manifest `entry` without mapping it (§3.1): the data file's size, and the
-    index file's size and header, read with one 64-byte pread and checked as §1.3 steps 1-5 say, against the entry."""
+    index file's size and header, read with one 64-byte pread and checked as §1.3 steps 1-6 say, against the entry."""
     data_path, index_path = fmt.shard_paths(os.path.join(directory, entry.name))
     _check_shard_file(data_path, entry.data_size)
     _check_header_against_entry(_read_listed_header(index_path, entry.index_size), entry, codec, index_path)
@@ -169,9 +169,10 @@ class ShardedReader(ReaderBase):
 
     Opening reads the manifest and checks every shard it lists, empty ones
     included, against its entry (`check_listed_shard`); a shard is mapped, and
-    checked against its entry again, the first time one of its records is read. Shards already mapped keep serving the
-    version this reader opened after the dataset is replaced; a shard first needed
-    after that raises `DatasetReplacedError`, never records of the new version.
+    checked against its entry again, the first time one of its records is read.
+    Shards already mapped keep serving the version this reader opened after the
+    dataset is replaced; a shard first needed after that raises
+    `DatasetReplacedError`, never records of the new version.
     """
 
     kind = "dataset"
