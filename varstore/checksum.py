@@ -39,6 +39,9 @@ def _powers_of_x() -> list[int]:
 _X_POWER_OF_TWO = _powers_of_x()
 
 
+_ZEROS = memoryview(bytes(1 << 16))
+
+
 def crc32c_combine(crc1: int, crc2: int, len2: int) -> int:
     """CRC32C of ``A + B`` from ``crc1 = crc32c(A)``, ``crc2 = crc32c(B)`` and ``len2 = len(B)``, without reading either.
 
@@ -48,6 +51,9 @@ def crc32c_combine(crc1: int, crc2: int, len2: int) -> int:
     """
     if len2 < 0 or len2 >= 1 << 61:
         raise ValueError(f"length {len2} is outside [0, 2**61)")
+    if len2 <= len(_ZEROS):  # shifting over len2 zero bytes is linear in crc1: let the hardware CRC do it
+        zeros = _ZEROS[:len2]
+        return crc32c(zeros, crc1) ^ crc32c(zeros) ^ crc2
     shift = 1 << 31  # x**0
     exponent, power = 8 * len2, 0
     while exponent:
