@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import itertools
+import json
 import os
 import random
 import signal
@@ -18,6 +19,7 @@ import varstore
 from varstore import format as fmt
 from varstore.checksum import crc32c
 from varstore.codecs import make_codec
+from varstore.manifest import manifest_crc32c
 from varstore.record_json import to_json
 from varstore.storage import TEMP_MARK
 
@@ -112,6 +114,16 @@ def with_metadata(index: bytes, metadata: bytes) -> bytes:
     padding = bytes(fmt.align8(fmt.HEADER_SIZE + len(metadata)) - fmt.HEADER_SIZE - len(metadata))
     rebuilt = index[: fmt.HEADER_SIZE] + metadata + padding + index[start:]
     return reseal_body(rewrite_header(rebuilt, metadata_size=len(metadata)))
+
+
+def sealed_manifest(document: dict[str, Any]) -> bytes:
+    """A forged manifest with its "crc32c" recomputed, so a reader gets past the checksum to the forged fields
+    (left without one when the forgery has no canonical spelling: the JSON rules refuse it anyway)."""
+    try:
+        document = dict(document, crc32c=manifest_crc32c(document))
+    except (varstore.FormatError, TypeError):
+        document = {name: value for name, value in document.items() if name != "crc32c"}
+    return json.dumps(document).encode()
 
 
 def write_shard_files(prefix: str | os.PathLike[str], index: bytes, data: bytes) -> None:

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import varstore
 from varstore import format as fmt
 from varstore.codecs import MAX_ARRAY_DIMS
-from varstore.manifest import decode_manifest
+from varstore.manifest import decode_manifest, manifest_crc32c
 from varstore.torch import ExactlyOnceSampler
 
 from . import spec_reader
@@ -77,6 +77,7 @@ def test_manifest_listing_one_shard_three_times_is_refused_at_open(stores, tmp_p
     shutil.copytree(source, directory)
     document = json.loads((directory / "manifest.json").read_text())
     document["shards"] = [document["shards"][0]] * 3
+    document["crc32c"] = manifest_crc32c(document)
     (directory / "manifest.json").write_text(json.dumps(document))
     with pytest.raises(varstore.FormatError, match="listed twice"):
         varstore.open(directory)
@@ -85,6 +86,7 @@ def test_manifest_listing_one_shard_three_times_is_refused_at_open(stores, tmp_p
 def forge_manifest(directory: Path, change) -> None:
     document = json.loads((directory / "manifest.json").read_text())
     change(document)
+    document["crc32c"] = manifest_crc32c(document)  # sealed, so the forged field itself is what is refused
     (directory / "manifest.json").write_text(json.dumps(document))
 
 
@@ -117,9 +119,11 @@ def test_manifest_of_2_63_minus_1_records_parses_and_one_more_is_refused(stores)
     """The manifest's own total check, before any shard's (which would refuse these shards anyway at open)."""
     document = json.loads((stores["dataset"][0] / "manifest.json").read_text())
     document["shards"][0]["records"], document["shards"][1]["records"] = 2**62, 2**62 - 1 - document["shards"][2]["records"]
+    document["crc32c"] = manifest_crc32c(document)
     manifest = decode_manifest(json.dumps(document).encode(), path="manifest.json")
     assert sum(entry.records for entry in manifest.shards) == 2**63 - 1
     document["shards"][1]["records"] += 1
+    document["crc32c"] = manifest_crc32c(document)
     with pytest.raises(varstore.FormatError, match="in total"):
         decode_manifest(json.dumps(document).encode(), path="manifest.json")
 

@@ -39,7 +39,7 @@ def test_info_of_dataset_adds_up_its_shards(capsys, tmp_path):
     assert facts["file_size"] == sum(os.path.getsize(dataset / name) for name in os.listdir(dataset))
     assert facts["codec_params"] == {"dtype": "<i4", "shape": [2]}
     assert facts["metadata"] == {"split": "train"}
-    assert facts["record_checksums"] is True and facts["format_version"] == [1, 0]
+    assert facts["record_checksums"] is True and facts["format_version"] == [1, 1]
 
 
 def test_info_text_names_codec_checksums_metadata_and_shards(capsys, tmp_path):

@@ -42,6 +42,7 @@ from .helpers_reliability import (
     read_shard_files,
     reseal_body,
     rewrite_header,
+    sealed_manifest,
     with_metadata,
     write_shard_files,
 )
@@ -328,7 +329,7 @@ def forged_manifest(draw: st.DrawFn) -> bytes:
         entry["name"] = draw(st.sampled_from(["..", ".", "../shard-000000", "/etc/passwd", "a/b", ".hidden", "",
                                               "shard-000000.varstore-tmp-0", "x" * 201, "shard\x00", "manifest.json"])
                              | st.text(max_size=12))
-    return json.dumps(document).encode()
+    return sealed_manifest(document) if draw(st.booleans()) else json.dumps(document).encode()
 
 
 @FUZZ

@@ -17,7 +17,7 @@ import pytest
 
 import varstore
 from varstore import format as fmt
-from varstore.manifest import MANIFEST_NAME, MAX_MANIFEST_SIZE
+from varstore.manifest import MANIFEST_NAME, MAX_MANIFEST_SIZE, manifest_crc32c
 from varstore.msgpack_check import MAX_DEPTH
 
 from .helpers_reliability import exited_cleanly, read_shard_files, rewrite_header, with_metadata, write_shard_files
@@ -57,6 +57,7 @@ def test_manifest_shard_name_outside_the_directory_or_not_plain_is_refused(tmp_p
         writer.extend([b"a", b"b"])
     document = json.loads((tmp_path / MANIFEST_NAME).read_bytes())
     document["shards"][0]["name"] = name
+    document["crc32c"] = manifest_crc32c(document)
     (tmp_path / MANIFEST_NAME).write_text(json.dumps(document))
     with pytest.raises(varstore.FormatError, match="plain file names"):
         varstore.open(tmp_path)

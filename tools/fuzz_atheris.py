@@ -36,6 +36,7 @@ from tests.helpers_reliability import (
     header_field,
     reseal_body,
     rewrite_header,
+    sealed_manifest,
     with_metadata,
     write_shard_files,
 )
@@ -98,7 +99,7 @@ def mutated_manifest(provider: atheris.FuzzedDataProvider) -> bytes:
     entry = document["shards"][provider.ConsumeIntInRange(0, len(document["shards"]) - 1)]
     key = ("name", "records", "data_size", "index_size", "index_crc32c", "data_crc32c")[provider.ConsumeIntInRange(0, 5)]
     entry[key] = provider.ConsumeUnicodeNoSurrogates(40) if provider.ConsumeBool() else provider.ConsumeInt(9)
-    return json.dumps(document).encode()
+    return sealed_manifest(document) if provider.ConsumeBool() else json.dumps(document).encode()
 
 
 def one_input(raw: bytes) -> None:
