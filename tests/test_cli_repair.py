@@ -30,7 +30,7 @@ def test_without_write_lists_what_it_would_drop_changes_nothing_and_exits_1(caps
     code, out, err = run(capsys, "repair", damaged)
     assert (code, err) == (1, "")
     lines = out.splitlines()
-    assert lines[0].startswith("would drop shard-000001 (5 records): ") and "1 records fail their checksum" in lines[0]
+    assert lines[0].startswith("would drop shard-000001 (5 records): ") and "1 record fails its checksum" in lines[0]
     assert lines[1].startswith("would drop shard-000003 (5 records): ") and "missing" in lines[1]
     assert lines[2] == ("would drop 2 damaged shards (shard-000001, shard-000003), 10 records; "
                         "run again with --write to commit a manifest without them")

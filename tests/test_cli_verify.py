@@ -82,7 +82,7 @@ def test_damaged_single_shard_exits_1_from_the_console_script(dataset):
     result = run_script("verify", dataset / "shard-000003.index")
     assert result.returncode == 1
     assert result.stdout.decode().startswith("FAILED: ")
-    assert "1 records fail their checksum: 2" in result.stdout.decode()
+    assert "1 record fails its checksum: 2" in result.stdout.decode()
 
 
 def test_truncated_shard_is_one_line_error(capsys, dataset):

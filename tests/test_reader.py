@@ -110,7 +110,7 @@ def test_flipped_payload_byte_fails_verify_and_verify_reads(tmp_path):
     _flip_data_byte(tmp_path / "docs.data", len(PADDING) + 1)
     reader = varstore.open(path)
     assert reader[1] == b"sdcond"  # without verify_reads a read is a slice: damage shows up in verify
-    with pytest.raises(varstore.CorruptRecordError, match="1 records fail their checksum: 1") as caught:
+    with pytest.raises(varstore.CorruptRecordError, match="1 record fails its checksum: 1") as caught:
         reader.verify()
     assert caught.value.records == [1]
     checked = varstore.open(path, verify_reads=True)

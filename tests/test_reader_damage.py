@@ -120,7 +120,7 @@ def test_verify_reports_checksum_and_decode_failures_together(tmp_path):
     index = bytearray((tmp_path / "samples.index").read_bytes())
     index[-12] ^= 0xFF  # record 0's stored checksum: the record decodes, its checksum fails
     (tmp_path / "samples.index").write_bytes(reseal_body(bytes(index)))
-    with pytest.raises(varstore.CorruptRecordError, match="1 records fail their checksum: 0; 1 records do not decode") as caught:
+    with pytest.raises(varstore.CorruptRecordError, match="1 record fails its checksum: 0; 1 record does not decode") as caught:
         varstore.open(path).verify()
     assert caught.value.records == [0, 1]
 

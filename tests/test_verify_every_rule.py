@@ -45,18 +45,18 @@ def bool_array_payload(values: bytes, dtype: bytes = b"|b1") -> bytes:
 # (codec, codec parameters, data, offsets, the damaged records, what verify says of them)
 DAMAGED = {
     "ndarray-offset-off-row": (
-        "ndarray", {"dtype": "<u2", "shape": []}, bytes(8), [0, 2, 5, 8], [1, 2], "are not on 2-byte row boundaries"),
+        "ndarray", {"dtype": "<u2", "shape": []}, bytes(8), [0, 2, 5, 8], [1, 2], "on 2-byte row boundaries"),
     "ndarray-b1-value-2": (
-        "ndarray", {"dtype": "|b1", "shape": []}, b"\x01\x00\x02\x01\x00", [0, 2, 3, 5], [1], "hold |b1 bytes other than 0 or 1"),
+        "ndarray", {"dtype": "|b1", "shape": []}, b"\x01\x00\x02\x01\x00", [0, 2, 3, 5], [1], "|b1 bytes other than 0 or 1"),
     "ndarray-b1-rows-value-255": (
-        "ndarray", {"dtype": "|b1", "shape": [2]}, b"\x01\x00\x00\x01\x01\xff", [0, 2, 4, 6], [2], "hold |b1 bytes other than 0 or 1"),
-    "str-invalid-utf8": ("str", {}, *joined([b"ok", b"\xc3", b"\xa9", "é".encode()]), [1, 2], "are not valid UTF-8"),
+        "ndarray", {"dtype": "|b1", "shape": [2]}, b"\x01\x00\x00\x01\x01\xff", [0, 2, 4, 6], [2], "|b1 bytes other than 0 or 1"),
+    "str-invalid-utf8": ("str", {}, *joined([b"ok", b"\xc3", b"\xa9", "é".encode()]), [1, 2], "valid UTF-8"),
     "msgpack-undecodable": (
         "msgpack", {}, *joined([msgpack.packb({"a": 1}), b"\xc1", msgpack.packb([1]) + b"\x00"]), [1, 2],
-        "do not decode as msgpack"),
+        "decode as msgpack"),
     "msgpack-b1-value-2": (
         "msgpack", {}, *joined([bool_array_payload(b"\x00\x01"), bool_array_payload(b"\x01\x02"), msgpack.packb(None)]), [1],
-        "do not decode as msgpack"),
+        "decode as msgpack"),
 }
 
 
@@ -96,7 +96,7 @@ def test_every_read_and_verify_refuse_the_same_damaged_records(tmp_path, case, c
                         read()
                 elif name in ("single", "batch", "slice", "flat"):
                     read()  # a good record reads
-        with pytest.raises(varstore.CorruptRecordError, match=rf"{len(damaged)} records {re.escape(rule)}: ") as caught:
+        with pytest.raises(varstore.CorruptRecordError, match=rf"{len(damaged)} records? [a-z ]*{re.escape(rule)}: ") as caught:
             reader.verify()
     assert caught.value.records == damaged
 

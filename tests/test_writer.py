@@ -245,3 +245,13 @@ def test_writer_interrupted_while_it_starts_leaves_no_file(tmp_path, monkeypatch
         varstore.Writer(tmp_path / "docs")
     assert os.listdir(tmp_path) == []
     del caught
+
+
+@pytest.mark.parametrize("make", [lambda path: varstore.Writer(path, codec="ndarray", dtype="uint16"),
+                                  lambda path: varstore.ShardedWriter(path, codec="ndarray", dtype="uint16")],
+                         ids=["Writer", "ShardedWriter"])
+def test_value_that_does_not_fit_is_refused_naming_the_store_and_the_record(tmp_path, make):
+    with make(str(tmp_path / "tokens")) as writer:
+        writer.extend([[1, 2], [3]])
+        with pytest.raises(varstore.RecordTypeError, match=r"tokens: record 2: values in \[5, 70000\] do not fit uint16"):
+            writer.append([5, 70000])

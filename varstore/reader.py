@@ -486,20 +486,20 @@ class Reader(ReaderBase):
             )
         self._checked_offsets(0, self._count)
         rules = self._record_rules()
-        failed: dict[str, list[int]] = {"fail their checksum": [], **{reason: [] for reason, _ in rules}}
+        failed: dict[tuple[str, str], list[int]] = {_BAD_CHECKSUM: [], **{reason: [] for reason, _ in rules}}
         data_crc = 0
         with memoryview(self._data_map) as view:
             for chunk_start in range(0, self._count, _ITERATION_CHUNK):
                 offsets = self._offsets[chunk_start : min(chunk_start + _ITERATION_CHUNK, self._count) + 1]
                 data_crc = crc32c(view[int(offsets[0]) : int(offsets[-1])], data_crc)
                 if self._checksums is not None:
-                    failed["fail their checksum"] += self._bad_checksums(view, chunk_start, offsets)
+                    failed[_BAD_CHECKSUM] += self._bad_checksums(view, chunk_start, offsets)
                 for reason, find_failing in rules:
                     failed[reason] += find_failing(chunk_start, offsets)
                 if progress is not None:
                     progress(int(offsets[-1] - offsets[0]))
-        problems = [f"{len(records)} records {reason}: {_describe(records)}" for reason, records in failed.items() if records]
-        if data_crc != header.data_crc32c and not failed["fail their checksum"]:  # else those records explain it
+        problems = [f"{_counted(records, *reason)}: {_describe(records)}" for reason, records in failed.items() if records]
+        if data_crc != header.data_crc32c and not failed[_BAD_CHECKSUM]:  # else those records explain it
             also = ", though every record passes its own checksum" if self._checksums is not None else ""
             problems.append(
                 f"data checksum is {data_crc:#010x}, expected {header.data_crc32c:#010x} (the header's data_crc32c){also}"
@@ -519,19 +519,19 @@ class Reader(ReaderBase):
         wrong = np.flatnonzero(actual != self._checksums[chunk_start : chunk_start + count])  # type: ignore[index]
         return (wrong + chunk_start).tolist()
 
-    def _record_rules(self) -> list[tuple[str, Callable[[int, np.ndarray], list[int]]]]:
-        """The rules a read checks of a record's bytes, as (what a failing record does, for an error message;
+    def _record_rules(self) -> list[tuple[tuple[str, str], Callable[[int, np.ndarray], list[int]]]]:
+        """The rules a read checks of a record's bytes, as (what one and many failing records do, for an error message;
         a function listing the failing records of one chunk); none for ``bytes``."""
         if self.dtype is not None:
             row_size: int = self._codec.row_size  # type: ignore[attr-defined]
-            rules = [(f"are not on {row_size}-byte row boundaries", self._off_row_records)] if row_size > 1 else []
+            rules = [((f"is not on {row_size}-byte row boundaries", f"are not on {row_size}-byte row boundaries"), self._off_row_records)] if row_size > 1 else []
             if self._bool_bytes is not None:
-                rules.append(("hold |b1 bytes other than 0 or 1", self._invalid_bool_records))
+                rules.append((("holds |b1 bytes other than 0 or 1", "hold |b1 bytes other than 0 or 1"), self._invalid_bool_records))
             return rules
         if self.codec == "str":
-            return [("are not valid UTF-8", self._non_utf8_records)]
+            return [(("is not valid UTF-8", "are not valid UTF-8"), self._non_utf8_records)]
         if self.codec == "msgpack":
-            return [("do not decode as msgpack", self._undecodable_records)]
+            return [(("does not decode as msgpack", "do not decode as msgpack"), self._undecodable_records)]
         return []
 
     def _invalid_bool_records(self, chunk_start: int, offsets: np.ndarray) -> list[int]:
@@ -595,3 +595,11 @@ class Reader(ReaderBase):
                     mapped.close()
                 except BufferError:
                     pass  # arrays returned to the caller still view it; it closes when they are freed
+
+
+_BAD_CHECKSUM = ("fails its checksum", "fail their checksum")
+
+
+def _counted(records: list[int], one: str, many: str) -> str:
+    """ "1 record fails its checksum" or "3 records fail their checksum"."""
+    return f"1 record {one}" if len(records) == 1 else f"{len(records)} records {many}"

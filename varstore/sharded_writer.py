@@ -36,7 +36,7 @@ from .storage import (
     storage_error,
     sync_directory,
 )
-from .writer import Writer, flat_payloads
+from .writer import Writer, encode_record, flat_payloads
 
 _DIGITS = re.compile(r"(\d+)")
 
@@ -144,7 +144,7 @@ class ShardedWriter:
     def append(self, record: Any) -> int:
         """Add one record; returns its index in the whole dataset."""
         self._check_writable("append")
-        payload = self._codec.encode(record)
+        payload = encode_record(self._codec, record, self._record_count, self.path)
         writer = self._writer_for(len(payload))
         try:
             writer._add_payload(payload, len(payload))

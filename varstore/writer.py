@@ -36,6 +36,14 @@ def _le_bytes(values: array) -> bytes:
     return values.tobytes()
 
 
+def encode_record(codec: Codec, record: Any, position: int, path: str) -> bytes | bytearray | memoryview:
+    """`record` encoded by `codec`; a record the codec refuses is named by its position in what is being written."""
+    try:
+        return codec.encode(record)
+    except RecordTypeError as error:
+        raise RecordTypeError(f"record {position}: {error}", path=path) from None
+
+
 def flat_payloads(codec: Codec, values: Any, lengths: Any) -> tuple[bytes | bytearray | memoryview, np.ndarray]:
     """The payload bytes of records given flat (see `Writer.extend_flat`) and the byte offset where each ends.
 
@@ -148,7 +156,7 @@ class Writer:
         """Add one record; returns its index in the shard."""
         if self._closed:
             raise ClosedError("append to a closed writer", path=self.path)
-        payload = self._codec.encode(record)
+        payload = encode_record(self._codec, record, self._record_count, self.path)
         self._add_payload(payload, len(payload))
         return self._record_count - 1
 
