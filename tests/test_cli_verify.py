@@ -51,8 +51,8 @@ def test_flipped_payload_bytes_are_listed_by_shard_and_dataset_record(capsys, da
     code, out = _verify(capsys, dataset)
     assert code == 1
     lines = out.splitlines()
-    assert lines[0].startswith("FAILED shard-000001: ") and lines[0].endswith(": 2 (dataset records 7)")
-    assert lines[1].startswith("FAILED shard-000002: ") and lines[1].endswith(": 2 (dataset records 12)")
+    assert lines[0].startswith("FAILED shard-000001: ") and lines[0].endswith(": 2 (dataset record 7)")
+    assert lines[1].startswith("FAILED shard-000002: ") and lines[1].endswith(": 2 (dataset record 12)")
     assert lines[2].startswith("FAILED: 2 of 4 shards damaged (shard-000001, shard-000002); ")
     report = run_json(capsys, "verify", dataset, expected_code=1)
     assert report["ok"] is False
@@ -73,7 +73,7 @@ def test_every_kind_of_damage_is_listed_in_one_run(capsys, dataset):
     assert "missing" in lines[0]
     assert f"shard file is {RECORD_BYTES} bytes, the manifest says {5 * RECORD_BYTES}" in lines[1]
     assert "checksum" in lines[2]
-    assert lines[3].endswith(": 2 (dataset records 17)")
+    assert lines[3].endswith(": 2 (dataset record 17)")
     assert lines[4].startswith("FAILED: 4 of 4 shards damaged")
 
 

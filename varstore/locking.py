@@ -29,7 +29,7 @@ import time
 import weakref
 from typing import Any
 
-from .errors import ConcurrentWriterError, StorageError
+from .errors import ConcurrentWriterError, StorageError, VarstoreError
 
 LOCK_SUFFIX = ".varstore-lock"
 DIRECTORY_LOCK_NAME = LOCK_SUFFIX
@@ -58,29 +58,14 @@ class WriterLock:
     def __init__(self, path: str, what: str) -> None:
         self.path = path
         self._pid = os.getpid()
-        self._fd = -1
+        self._fd = self._pending = -1
         self._writable = True
-        while self._fd < 0:
-            fd = self._open()
-            try:
-                _flock_exclusive(fd)
-            except BaseException as error:  # an interrupt (Ctrl-C) too: the descriptor must not outlive it
-                holder = _read_holder(fd) if isinstance(error, OSError) else ""
-                os.close(fd)
-                if not isinstance(error, OSError):
-                    raise
-                if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    raise ConcurrentWriterError(
-                        f"another writer is writing this {what} ({holder or 'holder unknown'}); "
-                        "varstore allows one writer at a time",
-                        path=path,
-                    ) from None
-                raise StorageError(f"cannot lock {what}: {error.strerror or error}", path=path) from None
-            if _names_same_file(fd, path):
-                self._fd = fd
-                _HELD.add(self)
-            else:
-                os.close(fd)  # the previous holder unlinked it between our open and our lock: try again
+        try:
+            self._acquire(what)
+        except BaseException as error:
+            if not isinstance(error, VarstoreError):  # an interrupt (Ctrl-C): leave no lock file behind
+                self._abandon()
+            raise
         if not self._writable:
             return  # another user's file left by a dead writer: locked, but the holder stays unnamed
         try:
@@ -92,14 +77,61 @@ class WriterLock:
                 raise StorageError(f"cannot write the writer lock: {error.strerror or error}", path=path) from None
             raise
 
-    def _open(self) -> int:
-        """Open (creating) the lock file; read-only if it is another user's, since flock needs no write access."""
+    def _acquire(self, what: str) -> None:
+        """Open and lock the lock file, again if its holder unlinked it meanwhile; the descriptor in hand is
+        `self._pending` until it is locked and known to be the file the path names."""
+        while self._fd < 0:
+            fd = self._open()
+            try:
+                _flock_exclusive(fd)
+            except OSError as error:
+                holder = _read_holder(fd)
+                self._pending = -1
+                os.close(fd)
+                if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise ConcurrentWriterError(
+                        f"another writer is writing this {what} ({holder or 'holder unknown'}); "
+                        "varstore allows one writer at a time",
+                        path=self.path,
+                    ) from None
+                raise StorageError(f"cannot lock {what}: {error.strerror or error}", path=self.path) from None
+            if _names_same_file(fd, self.path):
+                self._fd = fd
+                _HELD.add(self)
+            else:
+                os.close(fd)  # the previous holder unlinked it between our open and our lock: try again
+            self._pending = -1
+
+    def _abandon(self) -> None:
+        """Let go of whatever an interrupted start holds: the lock and its file if it got them, else the lock
+        file if no writer holds it — the interrupt may have landed right after `open` created it, before the
+        descriptor was kept (no live writer needs an unheld lock file; one opening it meanwhile sees it
+        unlinked after locking, as after a release, and tries again)."""
+        if self._fd >= 0:
+            self.release()
+            return
+        fd, self._pending = self._pending, -1
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _OPEN_FLAGS, 0o644)
+            if fd < 0:
+                fd = os.open(self.path, os.O_RDONLY | _OPEN_FLAGS)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if _names_same_file(fd, self.path):
+                os.unlink(self.path)
+        except OSError:
+            pass
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    def _open(self) -> int:
+        """Open (creating) the lock file, as `self._pending`; read-only if it is another user's, since flock needs
+        no write access."""
+        try:
+            self._pending = fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _OPEN_FLAGS, 0o644)
             self._writable = True
         except PermissionError as denied:
             try:
-                fd = os.open(self.path, os.O_RDONLY | _OPEN_FLAGS)
+                self._pending = fd = os.open(self.path, os.O_RDONLY | _OPEN_FLAGS)
             except OSError:
                 raise _open_error(denied, "cannot create the writer lock", self.path) from None
             self._writable = False

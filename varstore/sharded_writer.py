@@ -198,9 +198,11 @@ class ShardedWriter:
                 writer = Writer(os.path.join(self.path, name), **self._writer_options)
                 assert self._journal is not None
                 self._journal.record(finished, name)
-            except (OSError, VarstoreError) as error:
+            except BaseException as error:  # an interrupt too: the shard begun is abandoned with its lock
                 if writer is not None:
                     writer.abort()
+                if not isinstance(error, (OSError, VarstoreError)):
+                    raise
                 raise self._fail(f"shard {name}", error) from None
             self._writer = writer
             self._manifest_size_bound += shard_entry_size_bound(name)

@@ -89,7 +89,8 @@ def _describe_bad(check: _ShardCheck) -> str:
     """The shard's error, with its damaged records also numbered as in the dataset."""
     if not check.bad_records:
         return check.error or ""
-    return f"{check.error} (dataset records {listing([check.first_record + index for index in check.bad_records])})"
+    noun = "dataset record" if len(check.bad_records) == 1 else "dataset records"
+    return f"{check.error} ({noun} {listing([check.first_record + index for index in check.bad_records])})"
 
 
 def _print_text(checks: list[_ShardCheck], is_dataset: bool, measured: str, removed: list[str], leftovers: list[str],
