@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 import varstore
+from varstore import locking
 from varstore.locking import directory_lock_path, is_locked, lock_directory, shard_lock_path
 from varstore.storage import TEMP_MARK
 
@@ -286,3 +287,33 @@ def test_cleanup_skips_temporary_files_it_may_not_remove_and_the_writer_starts(t
     monkeypatch.undo()
     assert list(varstore.open(tmp_path)) == [b"b"] * 3
     assert {str(tmp_path / name) for name in leftovers} <= set(varstore.remove_temporary_files(str(tmp_path)))
+
+
+def test_interrupt_right_after_open_created_the_lock_file_leaves_no_lock_file(tmp_path, monkeypatch):
+    """Ctrl-C can land after `open` created the file but before its descriptor is kept: the file goes anyway."""
+    real_open, calls = os.open, []
+
+    def open_then_interrupt(path, flags, *args):
+        fd = real_open(path, flags, *args)
+        calls.append(path)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return fd
+
+    monkeypatch.setattr(locking.os, "open", open_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        varstore.Writer(str(tmp_path / "shard"))
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == []
+
+
+def test_interrupt_while_the_next_shard_is_journaled_leaves_no_lock_file(tmp_path, monkeypatch):
+    """The shard a dataset writer has begun but not yet journaled is abandoned with its lock on Ctrl-C."""
+    writer = varstore.ShardedWriter(tmp_path / "data", max_shard_records=1)
+    writer.append(b"first")
+    monkeypatch.setattr(writer._journal, "record", lambda *args: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt) as caught:  # its traceback keeps the frames, as a CLI's handler would
+        writer.append(b"second")
+    writer.abort()
+    assert [name for name in os.listdir(tmp_path / "data") if name.endswith(".varstore-lock")] == []
+    del caught
