@@ -23,6 +23,7 @@ Nothing here ever pickles or evaluates.
 from __future__ import annotations
 
 import math
+import operator
 import struct
 from typing import Any, Callable, Sequence
 
@@ -38,6 +39,8 @@ MAX_ARRAY_DIMS = 32
 MAX_EMPTY_ARRAY_EXTENT = 1 << 24
 # ... and each of its dimensions before the first 0 at most this: (300, 0, 3) is fine, (2**24, 0) is not.
 MAX_EMPTY_ARRAY_LEADING = 1 << 16
+# Each dimension of an ndarray shard's trailing shape is below this (spec §2.1).
+MAX_TRAILING_DIMENSION = 1 << 32
 # An ndarray shard's row (itemsize x trailing shape) must fit one numpy array (spec §2.1).
 MAX_ROW_SIZE = (1 << 63) - 1
 
@@ -63,6 +66,30 @@ def check_bool_bytes(values: np.ndarray) -> None:
     if invalid.any():
         position = int(invalid.argmax())
         raise ValueError(f"|b1 element {position} is the byte {int(values.flat[position])}; a |b1 element is 0 or 1")
+
+
+def trailing_shape(shape: Sequence[Any]) -> tuple[int, ...]:
+    """`shape` as a tuple of ints, or a RecordTypeError unless it is at most 31 integers, each in [1, 2**32)
+    (spec §2.1): the one rule for a writer's `shape` argument and for a shape stored in a shard or manifest."""
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise RecordTypeError(f"trailing shape {shape!r} must be a sequence of integers") from None
+    if len(dims) >= MAX_ARRAY_DIMS or not all(_is_trailing_dimension(dim) for dim in dims):
+        raise RecordTypeError(
+            f"trailing shape {list(dims)!r} must be at most {MAX_ARRAY_DIMS - 1} integers, each in [1, 2**32)"
+        )
+    return tuple(operator.index(dim) for dim in dims)
+
+
+def _is_trailing_dimension(dim: Any) -> bool:
+    """Whether `dim` is an integer (not a bool, not a float) in [1, 2**32)."""
+    if isinstance(dim, (bool, np.bool_)):
+        return False
+    try:
+        return 1 <= operator.index(dim) < MAX_TRAILING_DIMENSION
+    except TypeError:
+        return False
 
 
 def _dtype_from_stored(text: Any, *, path: str) -> np.dtype:
@@ -131,9 +158,7 @@ class NdarrayCodec(Codec):
 
     def __init__(self, dtype: Any, shape: Sequence[int] = ()) -> None:
         self.dtype = canonical_dtype(dtype)
-        self.shape = tuple(int(dim) for dim in shape)
-        if any(dim < 1 for dim in self.shape) or len(self.shape) >= MAX_ARRAY_DIMS:
-            raise RecordTypeError(f"trailing shape {self.shape} must be fewer than {MAX_ARRAY_DIMS} positive sizes")
+        self.shape = trailing_shape(shape)
         self.row_size = self.dtype.itemsize * math.prod(self.shape)
         if self.row_size > MAX_ROW_SIZE:
             raise RecordTypeError(
@@ -420,12 +445,8 @@ def codec_from_stored(codec: int | str, params: dict[str, Any], *, path: str) ->
         return codec_class()
     dtype = _dtype_from_stored(params["dtype"], path=path)
     shape = params["shape"]
-    if (
-        not isinstance(shape, list)
-        or len(shape) >= MAX_ARRAY_DIMS
-        or not all(type(dim) is int and 1 <= dim < (1 << 32) for dim in shape)
-    ):
-        raise FormatError(f"stored trailing shape {shape!r} must be a list of positive integers below 2**32", path=path)
+    if not isinstance(shape, list):
+        raise FormatError(f"stored trailing shape {shape!r} must be a JSON array", path=path)
     try:
         return NdarrayCodec(dtype, shape)
     except RecordTypeError as error:

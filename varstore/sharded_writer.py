@@ -402,9 +402,9 @@ def write_manifest(
     with lock_directory(directory):
         if shard_names is None:
             pattern = os.path.join(glob.escape(directory), "*" + fmt.INDEX_SUFFIX)
+            index_names = (os.path.basename(path) for path in glob.glob(pattern))  # the mark may be in `directory`
             shard_names = sorted(
-                (os.path.basename(path)[: -len(fmt.INDEX_SUFFIX)] for path in glob.glob(pattern) if TEMP_MARK not in path),
-                key=natural_order,
+                (name[: -len(fmt.INDEX_SUFFIX)] for name in index_names if TEMP_MARK not in name), key=natural_order
             )
         entries, codec_id, codec_params = [], None, None
         for name in shard_names:
