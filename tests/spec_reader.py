@@ -8,7 +8,9 @@ it enforces, and the reader is staged as the spec is, so a test can tell
 - `open_shard(prefix)`: the checks of §1.3 at open, in their order;
 - `Shard.record(i)`: the checks of every read of record i (§1.3, §2);
 - `Shard.verify()`: full verification (§1.3);
-- `open_dataset(directory)`, `Dataset.record(g)`, `Dataset.verify()`: the same for a dataset (§3, §3.1).
+- `open_dataset(directory)`, `Dataset.record(g)`, `Dataset.verify()`: the same for a dataset (§3, §3.1), which checks
+  at open only what §3.1 says a reader must check then (every shard's file sizes, §1.3 steps 1-6 of its header and
+  the header's agreement with its entry), and the rest of a shard's open checks before its first read.
 
 `read_shard` and `read_dataset` do all three and return everything, decoded.
 Clarity over speed: it reads whole files and decodes MessagePack in Python.
@@ -122,6 +124,9 @@ def parse_strict_json(raw: bytes, rule: str) -> Any:
         return value
 
     def integer(text: str) -> int:
+        # 2^64 has 20 digits and JSON has no leading zeros, so a longer integer is out of range; int() refuses past
+        # 4300 digits by default, so it is not asked.
+        require(len(text.lstrip("-")) <= 20, rule, f"integer of {len(text)} characters is outside [-2^63, 2^64)")
         value = int(text)
         require(-(1 << 63) <= value < 1 << 64, rule, f"integer {text} is outside [-2^63, 2^64)")
         return value
@@ -180,7 +185,7 @@ def codec_from(name: str, params: Any, rule: str) -> Codec:
         return Codec(name, params)
     require(set(params) == {"dtype", "shape"}, rule, f'ndarray parameters are exactly "dtype" and "shape", found {sorted(params)}')
     dtype, shape = params["dtype"], params["shape"]
-    require(dtype in ALLOWED_DTYPES, "§2.1", f"dtype {dtype!r} is not allowed")
+    require(isinstance(dtype, str) and dtype in ALLOWED_DTYPES, "§2.1", f"dtype {dtype!r} is not allowed")
     require(isinstance(shape, list) and len(shape) <= 31, "§2.1", "shape is a list of at most 31 integers")
     require(all(type(dim) is int and 1 <= dim < 1 << 32 for dim in shape), "§2.1", f"shape {shape} has a dimension outside [1, 2^32)")
     codec = Codec(name, params, np.dtype(dtype), tuple(shape))
@@ -310,7 +315,7 @@ def _array_extension(data: bytes) -> np.ndarray:
     require(math.prod(shape) * itemsize == len(body), "§2.2", f"array of shape {shape} needs {math.prod(shape) * itemsize} bytes, has {len(body)}")
     if 0 in shape:
         leading = shape[: shape.index(0)]
-        require(all(dim <= max(len(data), 1 << 16) for dim in leading), "§2.2", f"empty array {shape}: a dimension before its first 0 is too large")
+        require(all(dim <= 1 << 16 for dim in leading), "§2.2", f"empty array {shape}: a dimension before its first 0 exceeds 2^16")
         require(math.prod(dim for dim in shape if dim) <= 1 << 24, "§2.2", f"empty array {shape}: non-zero dimensions multiply past 2^24")
     return _array_of(np.dtype(dtype), body, shape, "§2.2")
 
@@ -355,12 +360,22 @@ HEADER_FIELDS = ("magic", "major_version", "minor_version", "codec", "reserved",
                  "metadata_size", "data_crc32c", "data_edge_crc32c", "body_crc32c", "reserved_tail", "header_crc32c")
 
 
-def open_shard(prefix: str) -> Shard:
-    """The checks of §1.3 at open, in the spec's order."""
+def _read_files(prefix: str) -> tuple[bytes, bytes]:
     with open(prefix + ".index", "rb") as file:
         index = file.read()
     with open(prefix + ".data", "rb") as file:
         data = file.read()
+    return index, data
+
+
+def open_shard(prefix: str) -> Shard:
+    """The checks of §1.3 at open, in the spec's order."""
+    index, data = _read_files(prefix)
+    return _open_checked(index, data, check_header(index))
+
+
+def check_header(index: bytes) -> dict:
+    """§1.3 steps 1 to 6: the header's own checks and the index file's size; the header's fields."""
     require(len(index) >= 64 and index[:8] == MAGIC, "§1.3 step 1", "index shorter than 64 bytes or wrong magic")
     header = dict(zip(HEADER_FIELDS, HEADER.unpack_from(index)))
     require(header["major_version"] == 1, "§1.3 step 2", f"major version {header['major_version']}")
@@ -374,6 +389,14 @@ def open_shard(prefix: str) -> Shard:
     require(count <= (len(index) - offsets_start - 8) // (12 if has_checksums else 8), "§1.3 step 6", f"{count} records cannot fit")
     checksums_start = offsets_start + 8 * (count + 1)
     require(len(index) == checksums_start + (4 * count if has_checksums else 0), "§1.3 step 6", "index size")
+    return header
+
+
+def _open_checked(index: bytes, data: bytes, header: dict) -> Shard:
+    """§1.3 steps 7 to 10, for a header that passed steps 1 to 6: the shard, ready to read."""
+    metadata_size, count, has_checksums = header["metadata_size"], header["record_count"], header["flags"] & 1
+    offsets_start = (64 + metadata_size + 7) // 8 * 8
+    checksums_start = offsets_start + 8 * (count + 1)
     require(not any(index[64 + metadata_size : offsets_start]), "§1.3 step 7", "padding after the metadata is not zero")
     metadata = parse_strict_json(index[64 : 64 + metadata_size], "§1.4")
     require(isinstance(metadata, dict), "§1.4", "metadata is not an object")
@@ -412,24 +435,48 @@ def read_shard(prefix: str) -> dict:
 
 
 @dataclass
+class ListedShard:
+    """A listed shard as open left it: its files and header checked against its entry, its other checks due."""
+
+    entry: dict
+    index: bytes
+    data: bytes
+    header: dict
+    opened: Shard | None = None
+
+
+@dataclass
 class Dataset:
     manifest: dict
-    shards: list[Shard]
+    listed: list[ListedShard]
 
     def __len__(self) -> int:
-        return sum(map(len, self.shards))
+        return sum(entry["records"] for entry in self.manifest["shards"])
+
+    def shard(self, k: int) -> Shard:
+        """Shard k, after the checks §3.1 requires before reading from it: the rest of §1.3 (steps 7-10) and its codec
+        parameters equal to the manifest's."""
+        listed = self.listed[k]
+        if listed.opened is None:
+            shard = _open_checked(listed.index, listed.data, listed.header)
+            params = self.manifest["codec"]["params"]
+            require(shard.codec.params == params, "§3.1", f"shard {listed.entry['name']}: codec parameters {shard.codec.params}, manifest {params}")
+            listed.opened = shard
+        return listed.opened
 
     def record(self, g: int) -> Any:
         """Global record g: local record g - s_k of shard k (§3)."""
         require(0 <= g < len(self), "§1.3 read", f"record {g} does not exist")
-        for shard in self.shards:
-            if g < len(shard):
-                return shard.record(g)
-            g -= len(shard)
+        for k, listed in enumerate(self.listed):
+            if g < listed.entry["records"]:
+                return self.shard(k).record(g)
+            g -= listed.entry["records"]
 
     def verify(self) -> None:
-        for shard, entry in zip(self.shards, self.manifest["shards"]):
-            require(crc32c(shard.index) == entry["index_crc32c"], "§3.1", f"shard {entry['name']}: index_crc32c")
+        """Full verification: every shard as before a read, its whole index against `index_crc32c`, and §1.3's."""
+        for k, listed in enumerate(self.listed):
+            shard = self.shard(k)
+            require(crc32c(shard.index) == listed.entry["index_crc32c"], "§3.1", f"shard {listed.entry['name']}: index_crc32c")
             shard.verify()
 
 
@@ -446,6 +493,7 @@ def parse_manifest(raw: bytes) -> dict:
     require(manifest["format"] == "varstore-dataset", rule, f"format {manifest['format']!r}")
     require(type(manifest["version"]) is int and manifest["version"] == 1, rule, f"version {manifest['version']!r}")
     if "crc32c" in manifest:
+        require(_is_int(manifest["crc32c"], 0, 1 << 32), rule, f'"crc32c" {manifest["crc32c"]!r} is not an integer in [0, 2^32)')
         from .spec_writer import canonical_json  # the spec-side §1.4 spelling; imported here, as it imports crc32c from us
 
         without = {name: value for name, value in manifest.items() if name != "crc32c"}
@@ -459,12 +507,17 @@ def parse_manifest(raw: bytes) -> dict:
         require(isinstance(entry, dict) and set(entry) == SHARD_MEMBERS, rule, f"a shard object has exactly {sorted(SHARD_MEMBERS)}")
         name = entry["name"]
         require(isinstance(name, str) and SHARD_NAME.fullmatch(name), rule, f"shard name {name!r} is not a plain file name")
+        require(".varstore-tmp-" not in name, rule, f"shard name {name!r} is a temporary file's name")
         for member in ("records", "data_size", "index_size"):
             require(_is_int(entry[member], 0, 1 << 63), rule, f"shard {name}: {member} {entry[member]!r}")
         for member in ("index_crc32c", "data_crc32c"):
             require(_is_int(entry[member], 0, 1 << 32), rule, f"shard {name}: {member} {entry[member]!r}")
     names = [entry["name"] for entry in shards]
     require(len(set(names)) == len(names), rule, "a shard name is listed twice")
+    folded: dict[str, str] = {}
+    for name in names:  # names are ASCII (the regex), so lower() folds exactly ASCII case
+        require(name.lower() not in folded, rule, f"shard names {folded.get(name.lower())!r} and {name!r} differ only in case")
+        folded[name.lower()] = name
     require(sum(entry["records"] for entry in shards) < 1 << 63, rule, "2^63 records or more")
     return manifest
 
@@ -479,26 +532,28 @@ def _regular_file_size(path: str) -> int:
 
 
 def open_dataset(directory: str) -> Dataset:
-    """The checks of §3.1 at open: the manifest, then every listed shard's files and header against its entry."""
+    """What §3.1 says a reader must check at open, and no more: the manifest, then for every listed shard its files'
+    sizes, §1.3 steps 1-6 of its header and the header's agreement with its entry. The rest of §1.3 and the codec
+    parameters are checked before the shard's first read (`Dataset.shard`), or by `Dataset.verify`."""
     path = os.path.join(directory, "manifest.json")
     require(_regular_file_size(path) <= MAX_MANIFEST_SIZE, "§3.1", "manifest over 64 MiB")
     with open(path, "rb") as file:
         manifest = parse_manifest(file.read())
-    codec = manifest["codec"]
-    shards = []
+    codec_id = next(number for number, name in CODEC_NAMES.items() if name == manifest["codec"]["name"])
+    listed = []
     for entry in manifest["shards"]:
-        prefix = os.path.join(directory, entry["name"])
-        require(_regular_file_size(prefix + ".data") == entry["data_size"], "§3.1", f"{entry['name']}.data size")
-        require(_regular_file_size(prefix + ".index") == entry["index_size"], "§3.1", f"{entry['name']}.index size")
-        shard = open_shard(prefix)
-        header = shard.header
-        require(header["record_count"] == entry["records"], "§3.1", f"shard {entry['name']}: records")
-        require(header["data_crc32c"] == entry["data_crc32c"], "§3.1", f"shard {entry['name']}: data_crc32c")
-        require((shard.codec.name, shard.codec.params) == (codec["name"], codec["params"]), "§3.1", f"shard {entry['name']}: codec")
-        index_crc = crc32c_combine(crc32c(shard.index[:64]), header["body_crc32c"], len(shard.index) - 64)
-        require(index_crc == entry["index_crc32c"], "§3.1", f"shard {entry['name']}: index_crc32c")
-        shards.append(shard)
-    return Dataset(manifest, shards)
+        name, prefix = entry["name"], os.path.join(directory, entry["name"])
+        require(_regular_file_size(prefix + ".data") == entry["data_size"], "§3.1", f"{name}.data size")
+        require(_regular_file_size(prefix + ".index") == entry["index_size"], "§3.1", f"{name}.index size")
+        index, data = _read_files(prefix)
+        header = check_header(index)
+        for field, member in (("record_count", "records"), ("data_size", "data_size"), ("data_crc32c", "data_crc32c")):
+            require(header[field] == entry[member], "§3.1", f"shard {name}: header {field} {header[field]}, entry {entry[member]}")
+        require(header["codec"] == codec_id, "§3.1", f"shard {name}: codec id {header['codec']}, manifest {codec_id}")
+        index_crc = crc32c_combine(crc32c(index[:64]), header["body_crc32c"], len(index) - 64)
+        require(index_crc == entry["index_crc32c"], "§3.1", f"shard {name}: index_crc32c")
+        listed.append(ListedShard(entry, index, data, header))
+    return Dataset(manifest, listed)
 
 
 def read_dataset(directory: str) -> dict:
@@ -510,8 +565,8 @@ def read_dataset(directory: str) -> dict:
         "codec_params": dataset.manifest["codec"]["params"],
         "metadata": dataset.manifest["metadata"],
         "shards": [
-            {"name": entry["name"], "records": [shard.record(i) for i in range(entry["records"])]}
-            for entry, shard in zip(dataset.manifest["shards"], dataset.shards)
+            {"name": listed.entry["name"], "records": [dataset.shard(k).record(i) for i in range(listed.entry["records"])]}
+            for k, listed in enumerate(dataset.listed)
         ],
     }
 

@@ -240,3 +240,40 @@ def test_symlinked_index_file_is_refused_at_open(tmp_path):
     os.symlink(tmp_path / "elsewhere.index", directory / "shard-000001.index")
     with pytest.raises(varstore.FormatError, match="shard-000001.index: shard files must be regular files"):
         varstore.open(directory)
+
+
+@pytest.mark.parametrize("suffix", [".data", ".index"])
+def test_write_manifest_refuses_a_symlinked_shard_file_naming_it(tmp_path, suffix):
+    """Regression (issue 10 attack): describe_shard followed the link and listed the shard, so write_manifest committed
+    a dataset every reader refuses at open (§3.1: shard files are regular files; §3: a writer checks by the reader's rules)."""
+    directory = tmp_path / "d"
+    directory.mkdir()
+    with varstore.Writer(directory / "a") as writer:
+        writer.append(b"hello")
+    os.replace(directory / f"a{suffix}", tmp_path / f"a{suffix}")
+    os.symlink(tmp_path / f"a{suffix}", directory / f"a{suffix}")
+    with pytest.raises(varstore.FormatError, match=f"a\\{suffix}: shard files must be regular files"):
+        varstore.write_manifest(directory)
+    assert not (directory / MANIFEST_NAME).exists()
+
+
+# -- names equal ignoring ASCII case -----------------------------------------------------------------
+
+
+def test_shard_names_equal_ignoring_case_are_refused_at_open(tmp_path):
+    """§3.1: on a case-insensitive filesystem "shard-000000" and "SHARD-000000" are one pair of files."""
+    directory = write_dataset(tmp_path / "d", [[b"a"], [b"b"]])
+    forge_manifest(directory, lambda document: document["shards"][1].update(name="SHARD-000000"))
+    with pytest.raises(varstore.FormatError, match="'shard-000000' and 'SHARD-000000' differ only in case"):
+        varstore.open(directory)
+
+
+def test_write_manifest_refuses_shard_names_equal_ignoring_case(tmp_path):
+    directory = tmp_path / "d"
+    directory.mkdir()
+    for name in ("part", "Part"):
+        with varstore.Writer(directory / name) as writer:
+            writer.append(name.encode())
+    with pytest.raises(varstore.FormatError, match="differ only in case"):
+        varstore.write_manifest(directory, ["part", "Part"])
+    assert not (directory / MANIFEST_NAME).exists()

@@ -250,6 +250,9 @@ SHARD_CASES: dict[str, Case] = {
         lambda s: metadata_shard(s, b'{"codec":{},"user":{"x":"\xff"}}')),
     "metadata-without-user": Case("§1.4", 'The metadata object has no "user" member.', "open",
         lambda s: metadata_shard(s, b'{"codec":{}}')),
+    "metadata-integer-4301-digits": Case("§1.4", "The metadata holds an integer of 4301 digits (far outside [-2^63, 2^64); "
+        "more digits than CPython's int() converts by default).", "open",
+        lambda s: metadata_shard(s, b'{"codec":{},"user":{"x":' + b"7" * 4301 + b"}}")),
     "codec-id-unknown": Case("§2", "The codec id is 4.", "open",
         lambda s: _with(bytes_shard(s), lambda shard: shard.set(codec=4))),
     "ndarray-shape-missing": Case("§2", 'The ndarray parameters lack "shape".', "open",
@@ -258,6 +261,8 @@ SHARD_CASES: dict[str, Case] = {
         lambda s: _with(u2_shard(s), lambda shard: setattr(shard, "metadata", b'{"codec":{"dtype":"<u2","order":"C","shape":[]},"user":{}}'))),
     "bytes-with-ndarray-params": Case("§2", 'A bytes shard has the parameters {"dtype": "<u2", "shape": []}.', "open",
         lambda s: metadata_shard(s, b'{"codec":{"dtype":"<u2","shape":[]},"user":{}}')),
+    "ndarray-dtype-not-a-string": Case("§2.1", 'The dtype is the JSON array ["<u2"], not a string.', "open",
+        lambda s: _with(u2_shard(s), lambda shard: setattr(shard, "metadata", b'{"codec":{"dtype":["<u2"],"shape":[]},"user":{}}'))),
     "ndarray-dtype-big-endian": Case("§2.1", 'The dtype is ">u2".', "open",
         lambda s: _with(u2_shard(s), lambda shard: setattr(shard, "metadata", b'{"codec":{"dtype":">u2","shape":[]},"user":{}}'))),
     "ndarray-shape-zero": Case("§2.1", "The trailing shape is [0].", "open",
@@ -306,7 +311,7 @@ SHARD_CASES: dict[str, Case] = {
     "array-empty-shape-huge": Case("§2.2", "An array extension of shape [0, 2^64 - 1] (no bytes).", "read",
         lambda s: msgpack_shard(s, array_extension(b"<u2", (0, (1 << 64) - 1))), record=1),
     "array-empty-leading-dimension-huge": Case("§2.2", "An array extension of shape [2^17, 0]: a dimension before the first 0 "
-        "exceeds max(n, 2^16).", "read", lambda s: msgpack_shard(s, array_extension(b"<u2", (1 << 17, 0))), record=1),
+        "exceeds 2^16.", "read", lambda s: msgpack_shard(s, array_extension(b"<u2", (1 << 17, 0))), record=1),
     "array-length-mismatch": Case("§2.2", "An array extension of shape [2] with dtype <u2 holds 3 bytes.", "read",
         lambda s: msgpack_shard(s, array_extension(b"<u2", (2,), b"\x01\x00\x02")), record=1),
     "array-dtype-not-allowed": Case("§2.2", 'An array extension has the dtype "|O".', "read",
@@ -365,6 +370,14 @@ def base_dataset(directory: Path) -> None:
     varstore.write_manifest(directory, ["a", "b", "c"], metadata={"licence": "CC0"})
 
 
+def base_u2_dataset(directory: Path) -> None:
+    """A small valid ndarray <u2 dataset: shard "a" holds one record, "b" none, "c" one (global record 1)."""
+    for name, records in (("a", [np.array([1, 2], np.uint16)]), ("b", []), ("c", [np.array([3], np.uint16)])):
+        with varstore.Writer(directory / name, codec="ndarray", dtype="<u2") as writer:
+            writer.extend(records)
+    varstore.write_manifest(directory, ["a", "b", "c"], metadata={"licence": "CC0"})
+
+
 def load_manifest(directory: Path) -> dict[str, Any]:
     return json.loads((directory / MANIFEST).read_text(encoding="utf-8"))
 
@@ -409,16 +422,38 @@ def symlink_to_moved(relative: str) -> Callable[[Path], None]:
     return mutate
 
 
-def damage_record_of_c(directory: Path) -> None:
-    """Shard "c"'s record becomes invalid UTF-8 of the same length; its checksums and its manifest entry follow."""
-    shard = Shard.read(directory / "c")
-    shard.set_records([b"\xff\xfe"])
-    shard.write(directory / "c")
-    document = load_manifest(directory)
-    item = entry(document, "c")
-    item["data_crc32c"] = crc32c(b"\xff\xfe")
-    item["index_crc32c"] = crc32c((directory / "c.index").read_bytes())
-    save_manifest(directory, document)
+def rewrite_shard(name: str, change: Callable[[Shard], Any]) -> Callable[[Path], None]:
+    """Change shard `name` (its checksums computed again), then make its manifest entry and "crc32c" agree with it."""
+
+    def mutate(directory: Path) -> None:
+        shard = Shard.read(directory / name)
+        change(shard)
+        shard.write(directory / name)
+        index = (directory / f"{name}.index").read_bytes()
+        document = load_manifest(directory)
+        entry(document, name).update(
+            records=len(shard.offsets) - 1, data_size=len(shard.data), index_size=len(index),
+            index_crc32c=crc32c(index), data_crc32c=crc32c(shard.data),
+        )
+        save_manifest(directory, document)
+
+    return mutate
+
+
+def rename_shard(old: str, new: str) -> Callable[[Path], None]:
+    """Rename shard `old`'s files and its manifest entry to `new` ("crc32c" recomputed)."""
+
+    def mutate(directory: Path) -> None:
+        for suffix in (".data", ".index"):
+            os.rename(directory / f"{old}{suffix}", directory / f"{new}{suffix}")
+        edit_manifest(lambda document: entry(document, old).update(name=new))(directory)
+
+    return mutate
+
+
+def list_again_as(name: str, alias: str) -> Callable[[Path], None]:
+    """List shard `name` a second time, at the end, under `alias` (no files are made for it)."""
+    return edit_manifest(lambda document: document["shards"].append(dict(entry(document, name), name=alias)))
 
 
 @dataclass(frozen=True)
@@ -428,6 +463,7 @@ class DatasetCase:
     refused_at: str
     mutate: Callable[[Path], None]
     record: int | None = None
+    base: Callable[[Path], None] = base_dataset  # writes the valid dataset that `mutate` changes
 
 
 DATASET_CASES: dict[str, DatasetCase] = {
@@ -438,6 +474,8 @@ DATASET_CASES: dict[str, DatasetCase] = {
         edit_manifest(lambda document: document.update(format="varstore-datasets"))),
     "manifest-unknown-member": DatasetCase("§3.1", 'The manifest has an unknown member "comment".', "open",
         edit_manifest(lambda document: document.update(comment="hello"))),
+    "manifest-crc32c-float": DatasetCase("§3.1", '"crc32c" is written as a float (its correct value, then ".0").', "open",
+        lambda directory: _crc32c_as_float(directory)),
     "manifest-crc32c-wrong": DatasetCase("§3.1", 'The "metadata" changed ("CC0" became "CC1") and "crc32c" did not.', "open",
         edit_manifest(lambda document: document["metadata"].update(licence="CC1"), fix_crc32c=False)),
     "manifest-duplicate-member": DatasetCase("§3.1", 'The manifest object has the member "format" twice.', "open",
@@ -455,6 +493,10 @@ DATASET_CASES: dict[str, DatasetCase] = {
         edit_manifest(lambda document: entry(document, "b").update(name="b/b"))),
     "shard-listed-twice": DatasetCase("§3.1", 'Shard "a" is listed twice.', "open",
         edit_manifest(lambda document: document["shards"].append(dict(entry(document, "a"))))),
+    "shard-names-differ-only-in-case": DatasetCase("§3.1", 'Shard "a" is listed again, last, as "A" (no A.* files: on a '
+        'case-insensitive filesystem "A" names a\'s files).', "open", list_again_as("a", "A")),
+    "shard-name-temporary": DatasetCase("§3.1", 'Shard "b" and its files are named "b.varstore-tmp-1", a temporary name.',
+        "open", rename_shard("b", "b.varstore-tmp-1")),
     "shard-entry-unknown-member": DatasetCase("§3.1", 'Shard "a"\'s object has an unknown member "note".', "open",
         edit_manifest(lambda document: entry(document, "a").update(note=""))),
     "manifest-symlink": DatasetCase("§3.1", "manifest.json is a symbolic link to a valid manifest beside it.", "open",
@@ -472,8 +514,21 @@ DATASET_CASES: dict[str, DatasetCase] = {
     "shard-data-crc32c-wrong": DatasetCase("§3.1", 'Shard "c"\'s "data_crc32c" has one bit flipped.', "open",
         edit_manifest(lambda document: entry(document, "c").update(data_crc32c=entry(document, "c")["data_crc32c"] ^ 1))),
     "record-invalid-utf8": DatasetCase("§2", 'Shard "c"\'s record (global record 1) is the bytes ff fe; every checksum and the '
-        "manifest entry agree with them.", "read", damage_record_of_c, record=1),
+        "manifest entry agree with them.", "read", rewrite_shard("c", lambda shard: shard.set_records([b"\xff\xfe"])), record=1),
+    "shard-codec-params-differ": DatasetCase("§3.1", 'Shard "a"\'s metadata says dtype "<i2", the manifest "<u2" (its entry '
+        "follows the shard): its header agrees at open; a reader must refuse before reading from it.", "read",
+        rewrite_shard("a", lambda shard: setattr(shard, "metadata", b'{"codec":{"dtype":"<i2","shape":[]},"user":{}}')),
+        record=0, base=base_u2_dataset),
+    "empty-shard-codec-params-differ": DatasetCase("§3.1", 'The 0-record shard "b"\'s metadata says shape [1], the manifest '
+        '[] (its entry follows the shard): nothing is read from it, so only full verification must refuse it.', "verify",
+        rewrite_shard("b", lambda shard: setattr(shard, "metadata", b'{"codec":{"dtype":"<u2","shape":[1]},"user":{}}')),
+        base=base_u2_dataset),
 }
+
+
+def _crc32c_as_float(directory: Path) -> None:
+    crc = load_manifest(directory)["crc32c"]
+    edit_manifest_text(f'"crc32c": {crc},', f'"crc32c": {crc}.0,')(directory)
 
 
 # -- writing it all ----------------------------------------------------------------------------
@@ -499,7 +554,7 @@ def write_shard_case(directory: Path, case: Case) -> None:
 
 
 def write_dataset_case(directory: Path, case: DatasetCase) -> None:
-    base_dataset(directory)
+    case.base(directory)
     case.mutate(directory)
 
 

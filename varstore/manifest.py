@@ -32,6 +32,7 @@ _U32 = 1 << 32
 _CRC32C = "crc32c"
 _MANIFEST_MEMBERS = frozenset({"format", "version", "codec", "metadata", "shards"})  # and _CRC32C, since 1.1
 _CODEC_MEMBERS = frozenset({"name", "params"})
+SHARD_FILE_NOT_REGULAR = "shard files must be regular files inside the dataset directory, not links"
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ def decode_manifest(raw: bytes, *, path: str) -> Manifest:
     codec_from_stored(codec["name"], codec["params"], path=path)  # exact parameters (§2), refused at open
     if not isinstance(metadata, dict) or not isinstance(shards, list):
         raise FormatError('manifest needs a "metadata" object and a "shards" list', path=path)
-    entries, names, total = [], set(), 0
+    entries, names, total = [], {}, 0  # names: each listed name by its ASCII-lowercase form
     for position, item in enumerate(shards):
         if not isinstance(item, dict):
             raise FormatError(f"shard entry {position} is not an object", path=path)
@@ -136,9 +137,15 @@ def decode_manifest(raw: bytes, *, path: str) -> Manifest:
         name = item["name"]
         if not is_valid_shard_name(name):
             raise FormatError(f"shard entry {position} has name {name!r}: names must be plain file names", path=path)
-        if name in names:
+        if name in names.values():
             raise FormatError(f"shard {name!r} is listed twice", path=path)
-        names.add(name)
+        if name.lower() in names:  # names are ASCII (the regex), so lower() folds exactly ASCII case
+            raise FormatError(
+                f"shard names {names[name.lower()]!r} and {name!r} differ only in case: on a case-insensitive "
+                "filesystem they are one pair of files",
+                path=path,
+            )
+        names[name.lower()] = name
         entry = ShardEntry(
             name=name,
             records=_require_int(item["records"], 0, 1 << 63, f"shard {name!r} records", path),
@@ -252,22 +259,35 @@ def commit_manifest_bytes(directory: str, raw: bytes, *, overwrite: bool = False
 
 
 def describe_shard(directory: str, name: str) -> tuple[ShardEntry, fmt.Header, dict[str, Any]]:
-    """Read a committed shard's header and metadata and checksum its index file, for a manifest entry."""
+    """Read a committed shard's header and metadata and checksum its index file, for a manifest entry.
+
+    Its files must be regular files, not symbolic links, as a reader requires (§3.1): a writer that followed a link
+    would list a shard every reader then refuses.
+    """
     data_path, index_path = fmt.shard_paths(os.path.join(directory, name))
     try:
-        with open(index_path, "rb") as file:
-            index_size = os.fstat(file.fileno()).st_size
+        # Not following a link; a FIFO planted here must not block the open.
+        with open(os.open(index_path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW), "rb") as file:
+            info = os.fstat(file.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise FormatError(SHARD_FILE_NOT_REGULAR, path=index_path)
+            index_size = info.st_size
             head = file.read(fmt.HEADER_SIZE)
             header = fmt.unpack_header(head, index_size=index_size, path=index_path)
             preamble = file.read(header.metadata_size)
             index_crc = crc32c(preamble, crc32c(head))
             while chunk := file.read(8 << 20):
                 index_crc = crc32c(chunk, index_crc)
-        data_size = os.stat(data_path).st_size
+        data_info = os.lstat(data_path)
     except FileNotFoundError as error:
         raise MissingFileError("missing shard file", path=error.filename) from None
     except OSError as error:
+        if error.errno == errno.ELOOP:  # O_NOFOLLOW met a link
+            raise FormatError(SHARD_FILE_NOT_REGULAR, path=index_path) from None
         raise StorageError(f"cannot read shard: {error.strerror}", path=index_path) from None
+    if not stat.S_ISREG(data_info.st_mode):
+        raise FormatError(SHARD_FILE_NOT_REGULAR, path=data_path)
+    data_size = data_info.st_size
     if data_size != header.data_size:
         raise FormatError(f"data file is {data_size} bytes, its index expects {header.data_size}", path=data_path)
     codec_params, _ = fmt.decode_metadata(preamble, path=index_path)
