@@ -87,6 +87,23 @@ def _is_utf8(data: Any, start: int, end: int) -> bool:
     return True
 
 
+def _non_utf8_positions(buffer: Any, offsets: np.ndarray) -> list[int]:
+    """Positions k of the records ``buffer[offsets[k]:offsets[k + 1]]`` that are not valid UTF-8.
+
+    Vectorised: when the bytes from offsets[0] to offsets[-1] decode as a whole and no
+    record starts on a UTF-8 continuation byte, every record is whole characters, so
+    each decodes. Only a range failing that test is decoded record by record.
+    """
+    start, end = int(offsets[0]), int(offsets[-1])
+    if start == end:
+        return []
+    starts = offsets[offsets < end]
+    if not (np.frombuffer(buffer, np.uint8)[starts] & 0xC0 == 0x80).any() and _is_utf8(buffer, start, end):
+        return []
+    bounds = offsets.tolist()
+    return [position for position, (first, last) in enumerate(zip(bounds, bounds[1:])) if not _is_utf8(buffer, first, last)]
+
+
 def _describe(indices: list[int]) -> str:
     shown = ", ".join(map(str, indices[:_MAX_LISTED_RECORDS]))
     return shown + (f" and {len(indices) - _MAX_LISTED_RECORDS} more" if len(indices) > _MAX_LISTED_RECORDS else "")
@@ -376,8 +393,30 @@ class Reader(ReaderBase):
                     raise self._decode_error(index, error) from None
             raise
 
+    def _check_payloads(self, indices: np.ndarray, buffer: Any, offsets: np.ndarray) -> None:
+        """Raise what a read of record indices[k] raises if its payload ``buffer[offsets[k]:offsets[k + 1]]`` is one a
+        read refuses, so flat reads hand out no record a read would not (§1.3): ``str`` payloads are checked for
+        UTF-8 in one vectorised pass, ``msgpack`` payloads are decoded. (Callers check ``ndarray`` rows and |b1 bytes.)"""
+        if self.codec == "str":
+            suspects: Sequence[int] = _non_utf8_positions(buffer, offsets)
+        elif self.codec == "msgpack":
+            suspects = range(len(offsets) - 1)
+        else:
+            return
+        if not suspects:
+            return
+        decode, bounds = self._decode, offsets.tolist()
+        assert decode is not None
+        for position in suspects:
+            try:
+                decode(buffer, bounds[position], bounds[position + 1])
+            except _DECODE_ERRORS as error:
+                raise self._decode_error(int(indices[position]), error) from None
+
     def get_batch_flat(self, indices: Sequence[int] | np.ndarray) -> FlatBatch:
-        """Records at `indices` packed into one buffer plus offsets, the form variable-length collation wants."""
+        """Records at `indices` packed into one buffer plus offsets, the form variable-length collation wants.
+
+        Every record is checked as a read checks it (for ``msgpack``, by decoding it) and returned as stored."""
         indices = self._check_indices(indices)
         starts, ends = self._checked_ranges(indices)
         lengths = (ends - starts).astype(np.int64)
@@ -392,6 +431,7 @@ class Reader(ReaderBase):
         view.release()
         values = np.frombuffer(joined, np.uint8)  # one copy, into a writable buffer of its own
         if self.dtype is None:
+            self._check_payloads(indices, joined, offsets)
             return FlatBatch(values, offsets)
         row_size = self._codec.row_size  # type: ignore[attr-defined]
         return FlatBatch(values.view(self.dtype).reshape((-1, *(self.shape or ()))), offsets // row_size)
@@ -427,6 +467,8 @@ class Reader(ReaderBase):
 
         The sequential scan without a Python object per record: values are a
         read-only view of the data file, offsets count from the batch's start.
+        Every record is checked as a read checks it (``str``: one vectorised UTF-8
+        pass; ``msgpack``: each record decoded, so no faster than reading it).
         """
         self._check_open()
         if batch_size < 1:
@@ -437,6 +479,7 @@ class Reader(ReaderBase):
             base = int(offsets[0])
             relative = offsets.astype(np.int64) - base
             if self._rows is None:
+                self._check_payloads(np.arange(start, stop), self._data_map, offsets)
                 values = np.frombuffer(self._data_map, np.uint8, int(relative[-1]), base) if self._data_size else np.zeros(0, np.uint8)
                 yield FlatBatch(values, relative)
                 continue
@@ -548,20 +591,8 @@ class Reader(ReaderBase):
         return records[(records >= chunk_start) & (records < chunk_start + len(offsets) - 1)].tolist()
 
     def _non_utf8_records(self, chunk_start: int, offsets: np.ndarray) -> list[int]:
-        """Records of a ``str`` chunk that are not valid UTF-8.
-
-        Vectorised: when the chunk's bytes decode as a whole and no record starts on a
-        UTF-8 continuation byte, every record is whole characters, so each decodes.
-        Only a chunk failing that test is decoded record by record.
-        """
-        start, end = int(offsets[0]), int(offsets[-1])
-        if start == end:
-            return []
-        data = np.frombuffer(self._data_map, np.uint8)
-        starts = offsets[offsets < end]
-        if not (data[starts] & 0xC0 == 0x80).any() and _is_utf8(self._data_map, start, end):
-            return []
-        return self._undecodable_records(chunk_start, offsets)
+        """Records of a ``str`` chunk that are not valid UTF-8 (one vectorised pass unless one is not)."""
+        return [chunk_start + position for position in _non_utf8_positions(self._data_map, offsets)]
 
     def _undecodable_records(self, chunk_start: int, offsets: np.ndarray) -> list[int]:
         """Records of a chunk that the codec's decode (the one every read uses) refuses."""
