@@ -137,15 +137,16 @@ def decode_manifest(raw: bytes, *, path: str) -> Manifest:
         name = item["name"]
         if not is_valid_shard_name(name):
             raise FormatError(f"shard entry {position} has name {name!r}: names must be plain file names", path=path)
-        if name in names.values():
-            raise FormatError(f"shard {name!r} is listed twice", path=path)
-        if name.lower() in names:  # names are ASCII (the regex), so lower() folds exactly ASCII case
+        folded = name.lower()  # names are ASCII (the regex), so lower() folds exactly ASCII case
+        if folded in names:
+            if names[folded] == name:
+                raise FormatError(f"shard {name!r} is listed twice", path=path)
             raise FormatError(
-                f"shard names {names[name.lower()]!r} and {name!r} differ only in case: on a case-insensitive "
+                f"shard names {names[folded]!r} and {name!r} differ only in case: on a case-insensitive "
                 "filesystem they are one pair of files",
                 path=path,
             )
-        names[name.lower()] = name
+        names[folded] = name
         entry = ShardEntry(
             name=name,
             records=_require_int(item["records"], 0, 1 << 63, f"shard {name!r} records", path),

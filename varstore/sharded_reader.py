@@ -35,7 +35,7 @@ from .errors import (
     StorageError,
     VarstoreError,
 )
-from .manifest import Manifest, ShardEntry, read_manifest
+from .manifest import SHARD_FILE_NOT_REGULAR, Manifest, ShardEntry, read_manifest
 from .reader_base import ReaderBase, replaced_error
 from .reader import FlatBatch, Reader, check_indices
 
@@ -45,7 +45,6 @@ _MIN_OPEN_SHARDS = 8
 _OPEN_ATTEMPTS = 3  # a fresh open that races an overwrite reads the new manifest and tries again, this often
 # What opening a missing, damaged or replaced shard raises; a StorageError (EMFILE, EIO) is no verdict on the shard.
 _SHARD_ERRORS = (FormatError, MissingFileError)
-_NOT_REGULAR = "shard files must be regular files inside the dataset directory, not links"
 
 
 def max_open_shards() -> int:
@@ -68,7 +67,7 @@ def _check_shard_file(path: str, expected_size: int) -> None:
     except OSError as error:
         raise StorageError(f"cannot stat the shard file: {error.strerror or error}", path=path) from None
     if not stat.S_ISREG(info.st_mode):
-        raise FormatError(_NOT_REGULAR, path=path)
+        raise FormatError(SHARD_FILE_NOT_REGULAR, path=path)
     if info.st_size != expected_size:
         raise FormatError(f"shard file is {info.st_size} bytes, the manifest says {expected_size}", path=path)
 
@@ -89,12 +88,12 @@ def _read_listed_header(index_path: str, expected_size: int) -> fmt.Header:
         raise MissingFileError("shard file listed in the manifest is missing", path=index_path) from None
     except OSError as error:
         if error.errno == errno.ELOOP:
-            raise FormatError(_NOT_REGULAR, path=index_path) from None
+            raise FormatError(SHARD_FILE_NOT_REGULAR, path=index_path) from None
         raise StorageError(f"cannot open the shard file: {error.strerror or error}", path=index_path) from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise FormatError(_NOT_REGULAR, path=index_path)
+            raise FormatError(SHARD_FILE_NOT_REGULAR, path=index_path)
         if info.st_size != expected_size:
             raise FormatError(f"shard file is {info.st_size} bytes, the manifest says {expected_size}", path=index_path)
         head = os.pread(fd, fmt.HEADER_SIZE, 0)
