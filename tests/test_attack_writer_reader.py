@@ -148,6 +148,10 @@ class Tag(str):
     pass
 
 
+class Split(str, enum.Enum):
+    TRAIN = "train"
+
+
 class Metres(float):
     pass
 
@@ -158,17 +162,19 @@ class Blob(bytes):
 
 def test_subclasses_of_int_float_str_bytes_read_back_as_the_base_type(tmp_path):
     record = {"colour": Colour.RED, "flag": Permission.READ, "tag": Tag("x"), "length": Metres(2.5),
-              "blob": Blob(b"z"), Tag("key"): [Colour.RED, Metres(-0.0)], Colour.RED: Tag("by enum key")}
+              "blob": Blob(b"z"), Tag("key"): [Colour.RED, Metres(-0.0)], Split.TRAIN: Split.TRAIN,
+              Colour.RED: Tag("by enum key")}
     with varstore.Writer(tmp_path / "s", codec="msgpack") as writer:
         writer.append(record)
-    plain = {"colour": 1, "flag": 4, "tag": "x", "length": 2.5, "blob": b"z", "key": [1, -0.0], 1: "by enum key"}
+    plain = {"colour": 1, "flag": 4, "tag": "x", "length": 2.5, "blob": b"z", "key": [1, -0.0], "train": "train",
+             1: "by enum key"}
     with open(tmp_path / "s.data", "rb") as file:
         assert file.read() == msgpack.packb(plain, use_bin_type=True), "stored exactly as the base types"
     with varstore.open(tmp_path / "s") as reader:
         read = reader[0]
     assert read == plain
-    assert [type(key) for key in read] == [str, str, str, str, str, str, int]
-    assert [type(value) for value in read.values()] == [int, int, str, float, bytes, list, str]
+    assert [type(key) for key in read] == [str, str, str, str, str, str, str, int]
+    assert [type(value) for value in read.values()] == [int, int, str, float, bytes, list, str, str]
     assert type(read["key"][0]) is int and type(read["key"][1]) is float
 
 

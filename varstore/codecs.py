@@ -12,7 +12,8 @@ Four codecs, each with a fixed id in the index header:
   numpy float64, str_ and bytes_ are Python float, str and bytes and are stored as
   such, every other numpy scalar as a 0-d array. A writer refuses what a reader
   would not return equal after the normalisations of spec §2.2 (tuples read
-  back as lists, numpy integer keys as int, numpy scalars as 0-d arrays, ...).
+  back as lists, numpy integer keys as int, numpy scalars as 0-d arrays, IntEnum
+  members and other int, float, str and bytes subclasses as the base type, ...).
 
 Codec parameters stored in a shard or manifest are exact (spec §2): a missing or
 unknown member is a FormatError, never a default.
