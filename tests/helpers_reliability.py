@@ -327,7 +327,7 @@ def _agrees_with_single(payload: bytes, single: Any, codec: str) -> bool:
 
 def assert_reads_agree(outcomes: dict[str, Any]) -> None:
     """Every way of reading gives the same records. A batch or slice succeeds only if every single read of its
-    records does, and then returns exactly those; iteration, flat reads (which do not decode), flat iteration,
+    records does, and then returns exactly those; iteration, flat reads, flat iteration,
     record sizes and as_array either raise a VarstoreError or agree with every record read one by one."""
     singles = outcomes.get("single")
     if singles is None:

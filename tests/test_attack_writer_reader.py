@@ -195,3 +195,14 @@ def test_a_str_subclass_key_equal_as_text_to_another_key_is_refused(tmp_path):
     with varstore.Writer(tmp_path / "s", codec="msgpack") as writer:
         with pytest.raises(varstore.RecordTypeError, match="repeats an earlier key"):
             writer.append({Distinct("k"): 1, "k": 2})
+
+
+def test_write_manifest_refuses_a_shard_whose_data_file_fails_the_open_checks(tmp_path):
+    """A data file that fails data_edge_crc32c (a reader refuses it at open) is not listed in a new manifest."""
+    with varstore.Writer(str(tmp_path / "a")) as writer:
+        writer.append(b"payload")
+    with open(tmp_path / "a.data", "r+b") as file:
+        file.write(b"P")
+    with pytest.raises(varstore.FormatError, match="a.data"):
+        varstore.write_manifest(tmp_path)
+    assert not (tmp_path / "manifest.json").exists()

@@ -61,21 +61,18 @@ DAMAGED = {
 
 
 def decoding_reads(reader, index: int) -> dict:
-    """Every way of reading that decodes record `index` (flat reads decode only ndarray records, into rows; as_array
-    reads all rows regardless of offsets, so only the |b1 rule applies to it)."""
+    """Every way of reading record `index`, flat reads included (they check each record as a read does); as_array
+    reads all rows regardless of offsets, so only the |b1 rule applies to it."""
     reads = {
         "single": lambda: reader[index],
         "batch": lambda: reader.get_batch([index]),
         "slice": lambda: reader[index : index + 1],
         "iteration": lambda: list(reader),
+        "flat": lambda: reader.get_batch_flat([index]),
+        "flat_iteration": lambda: list(reader.iter_flat(2)),
     }
-    if reader.codec == "ndarray":
-        reads.update({
-            "flat": lambda: reader.get_batch_flat([index]),
-            "flat_iteration": lambda: list(reader.iter_flat(2)),
-        })
-        if reader.dtype == np.bool_:
-            reads["as_array"] = reader.as_array
+    if reader.codec == "ndarray" and reader.dtype == np.bool_:
+        reads["as_array"] = reader.as_array
     return reads
 
 

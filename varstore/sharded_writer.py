@@ -36,6 +36,7 @@ from .storage import (
     storage_error,
     sync_directory,
 )
+from .reader import Reader
 from .writer import Writer, encode_record, flat_payloads
 
 _DIGITS = re.compile(r"(\d+)")
@@ -411,6 +412,7 @@ def write_manifest(
             if not is_valid_shard_name(name):
                 raise FormatError(f"shard name {name!r} is not a plain file name", path=directory)
             entry, header, params = describe_shard(directory, name)
+            Reader(os.path.join(directory, name)).close()  # every open check of §1.3, as a reader of the dataset makes
             if codec_id is None:
                 codec_id, codec_params = header.codec_id, params
             elif (header.codec_id, params) != (codec_id, codec_params):
