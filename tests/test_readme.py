@@ -103,6 +103,8 @@ def _run_python(block: Block, folder: Path) -> str:
         command = [str(BIN / "torchrun"), "--standalone", f"--nproc_per_node={nproc}", script.name]
     result = subprocess.run(command, cwd=folder, env=_environment(), capture_output=True, text=True, timeout=BLOCK_TIMEOUT)
     assert result.returncode == 0, f"README block at line {block.line} failed:\n{result.stderr[-3000:]}"
+    if not block.marker:  # torchrun's launcher talks on stderr; a plain script must not (warnings, unclosed files)
+        assert result.stderr == "", f"README block at line {block.line} wrote to stderr:\n{result.stderr[-3000:]}"
     return result.stdout
 
 
