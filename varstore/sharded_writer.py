@@ -161,7 +161,7 @@ class ShardedWriter:
     def extend_flat(self, values: Any, lengths: Any) -> None:
         """Append many records given as one flat buffer and their lengths, as `Writer.extend_flat` does, starting new shards as needed."""
         self._check_writable("extend_flat")
-        payload, ends = flat_payloads(self._codec, values, lengths)
+        payload, ends = flat_payloads(self._codec, values, lengths, self._record_count, self.path)
         first, start = 0, 0
         while first < len(ends):
             # _writer_for rolls over if record `first` does not fit; then every record up to the limits goes in one call.

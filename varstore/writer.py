@@ -44,25 +44,57 @@ def encode_record(codec: Codec, record: Any, position: int, path: str) -> bytes 
         raise RecordTypeError(f"record {position}: {error}", path=path) from None
 
 
-def flat_payloads(codec: Codec, values: Any, lengths: Any) -> tuple[bytes | bytearray | memoryview, np.ndarray]:
+def _first_refused_row(codec: Codec, rows: np.ndarray) -> int:
+    """The first row of `rows` that `codec` refuses, by bisecting on prefixes: a prefix is refused once it holds
+    a value that does not fit (a wrong shape or dtype is refused from row 0). Only called once all rows were refused."""
+    accepted, refused = 0, len(rows)  # rows[:accepted] encode; rows[:refused] do not
+    while refused - accepted > 1:
+        middle = (accepted + refused) // 2
+        try:
+            codec.encode(rows[:middle])
+        except RecordTypeError:
+            refused = middle
+        else:
+            accepted = middle
+    return accepted
+
+
+def _encode_rows(codec: Codec, values: Any, lengths: np.ndarray, first_position: int, path: str) -> memoryview:
+    """`values` encoded by an ndarray codec; if it refuses them, the error names the first record whose rows it refuses."""
+    try:
+        return codec.encode(values)  # type: ignore[return-value]
+    except RecordTypeError as error:
+        rows = np.asarray(values)
+        record = len(lengths)
+        if rows.ndim and len(rows):
+            record = int(np.searchsorted(np.cumsum(lengths), _first_refused_row(codec, rows), side="right"))
+        where = f"record {first_position + record}: " if record < len(lengths) else ""
+        raise RecordTypeError(f"{where}{error}", path=path) from None
+
+
+def flat_payloads(
+    codec: Codec, values: Any, lengths: Any, first_position: int, path: str
+) -> tuple[bytes | bytearray | memoryview, np.ndarray]:
     """The payload bytes of records given flat (see `Writer.extend_flat`) and the byte offset where each ends.
 
+    Records are numbered from `first_position` and errors name the store at `path`.
     Lengths are checked without overflow: each against what the payload holds
     before any multiplication, and the running sum for wrap-around.
     """
     if codec.name not in ("bytes", "ndarray"):
-        raise RecordTypeError(f"extend_flat takes bytes or ndarray records; {codec.name} records must be encoded one by one")
+        raise RecordTypeError(f"extend_flat takes bytes or ndarray records; {codec.name} records must be encoded one by one",
+                              path=path)
     lengths = np.asarray(lengths)
     if lengths.ndim != 1 or (lengths.size and (lengths.dtype.kind not in "iu" or lengths.min() < 0)):
-        raise RecordTypeError("lengths must be a 1-D array of non-negative integers")
+        raise RecordTypeError("lengths must be a 1-D array of non-negative integers", path=path)
     if codec.name == "ndarray":
-        payload = codec.encode(values)
+        payload = _encode_rows(codec, values, lengths, first_position, path)
         row_size = codec.row_size  # type: ignore[attr-defined]
     else:
         try:
             view = memoryview(values)
         except TypeError:
-            raise RecordTypeError(f"extend_flat on a bytes shard takes a bytes-like object, not {type(values).__name__}") from None
+            raise RecordTypeError(f"extend_flat on a bytes shard takes a bytes-like object, not {type(values).__name__}", path=path) from None
         payload = view.cast("B") if view.c_contiguous else view.tobytes()  # copied, as `append` does
         row_size = 1
     if not lengths.size:
@@ -70,15 +102,15 @@ def flat_payloads(codec: Codec, values: Any, lengths: Any) -> tuple[bytes | byte
     else:
         longest = int(lengths.max())
         if longest > len(payload) // row_size:
-            raise RecordTypeError(f"a length of {longest} exceeds the {len(payload) // row_size} rows (or bytes) that values hold")
+            raise RecordTypeError(f"a length of {longest} exceeds the {len(payload) // row_size} rows (or bytes) that values hold", path=path)
         # Every byte length is now at most len(payload) < 2**63: the products cannot overflow, and a
         # uint64 running sum that wrapped would decrease somewhere.
         ends = np.cumsum(lengths.astype(np.uint64) * np.uint64(row_size), dtype=np.uint64)
         if np.any(ends[1:] < ends[:-1]):
-            raise RecordTypeError(f"lengths cover more than 2**64 bytes but values hold {len(payload)}")
+            raise RecordTypeError(f"lengths cover more than 2**64 bytes but values hold {len(payload)}", path=path)
     covered = int(ends[-1]) if ends.size else 0
     if covered != len(payload):
-        raise RecordTypeError(f"lengths cover {covered} bytes but values hold {len(payload)}")
+        raise RecordTypeError(f"lengths cover {covered} bytes but values hold {len(payload)}", path=path)
     return payload, ends.astype(np.int64)
 
 
@@ -174,7 +206,7 @@ class Writer:
         """
         if self._closed:
             raise ClosedError("extend_flat on a closed writer", path=self.path)
-        self._add_flat(*flat_payloads(self._codec, values, lengths))
+        self._add_flat(*flat_payloads(self._codec, values, lengths, self._record_count, self.path))
 
     def _add_flat(self, payload: bytes | bytearray | memoryview, ends: np.ndarray) -> None:
         """Append records packed back to back in `payload`, record k ending at byte `ends[k]` of it."""
