@@ -20,13 +20,17 @@ def _convert(capsys, *args) -> str:
 
 
 def _photos(root):
-    """An ImageFolder tree: photos/CLASS/FILE, classes deliberately created out of order, one nested file."""
+    """An ImageFolder tree: photos/CLASS/FILE, classes deliberately created out of order, one nested file, and the
+    hidden entries real folders hold (left out)."""
     files = {"dog/1.jpg": JPEG + b"dog1", "cat/b.jpg": JPEG + b"catb", "cat/a.jpg": JPEG + b"cata",
              "zebra/deep/z.jpg": JPEG + b"zebra", "ant/x.png": b"\x89PNG ant"}
     for name, data in files.items():
         (root / "photos" / name).parent.mkdir(parents=True, exist_ok=True)
         (root / "photos" / name).write_bytes(data)
-    (root / "photos" / "empty-class").mkdir()
+    (root / "photos" / ".DS_Store").write_bytes(b"finder")
+    (root / "photos" / "cat" / ".DS_Store").write_bytes(b"finder")
+    (root / "photos" / ".ipynb_checkpoints").mkdir()
+    (root / "photos" / ".ipynb_checkpoints" / "x.png").write_bytes(b"checkpoint")
     return root / "photos", files
 
 
@@ -123,8 +127,8 @@ def test_folder_labels_follow_the_imagefolder_convention(tmp_path, capsys):
     photos, files = _photos(tmp_path)
     out = _convert(capsys, photos, tmp_path / "images", "--labels", "--metadata", '{"source": "photos"}')
     assert out.startswith("wrote 5 records in 1 shard ")
-    # torchvision's find_classes: the sorted sub-folder names, label k the k-th; empty folders count.
-    labels = ["ant", "cat", "dog", "empty-class", "zebra"]
+    # torchvision's find_classes: the sorted sub-folder names, label k the k-th (hidden ones left out).
+    labels = ["ant", "cat", "dog", "zebra"]
     with varstore.open(tmp_path / "images") as dataset:
         assert dataset.metadata == {"labels": labels, "source": "photos"}
         records = list(dataset)
@@ -206,7 +210,7 @@ def test_info_of_a_token_store_counts_its_tokens(tmp_path, capsys):
     facts = run_json(capsys, "info", dataset)
     assert (facts["length_unit"], facts["rows"], facts["elements"]) == ("tokens", 10, 10)
     code, out, _ = run(capsys, "info", dataset)
-    assert code == 0 and "tokens     10 (3.3 per record on average)" in out.splitlines()
+    assert code == 0 and "tokens     10 (3.3 tokens per record on average)" in out.splitlines()
 
 
 def test_info_of_rows_with_a_shape_counts_rows_and_elements(tmp_path, capsys):
@@ -214,7 +218,7 @@ def test_info_of_rows_with_a_shape_counts_rows_and_elements(tmp_path, capsys):
                            codec="ndarray", dtype="float16", shape=(80,))
     facts = run_json(capsys, "info", frames)
     assert (facts["length_unit"], facts["rows"], facts["elements"]) == ("rows", 7, 560)
-    assert "rows       7 of shape (80,), 560 elements (3.5 per record on average)" in run(capsys, "info", frames)[1]
+    assert "rows       7 of shape (80,), 560 elements (3.5 rows per record on average)" in run(capsys, "info", frames)[1]
     text = write_dataset(tmp_path / "text", ["a"], codec="str")
     assert run_json(capsys, "info", text)["rows"] is None
 

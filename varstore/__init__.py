@@ -57,13 +57,16 @@ __all__ = [
 
 
 def open(path: str | os.PathLike[str], *, verify_reads: bool = False) -> Reader | ShardedReader:  # noqa: A001
-    """Open what a `Writer` or `ShardedWriter` wrote at `path`: a shard prefix (or either of its files) or a dataset directory.
+    """Open what a `Writer` or `ShardedWriter` wrote at `path`: a shard prefix (or either of its files) or a dataset
+    (its directory, or its ``manifest.json``).
 
     The reader pins the version it opened: pickled (to a DataLoader worker, say) it
     reopens the same absolute path, whatever the current directory then, and raises
     `DatasetReplacedError` if the files there are no longer that version.
     """
     path = os.fspath(path)
+    if os.path.basename(path) == MANIFEST_NAME and os.path.isfile(path):
+        return ShardedReader(os.path.dirname(path) or ".", verify_reads=verify_reads)
     if os.path.isdir(path):
         return ShardedReader(path, verify_reads=verify_reads)
     if not os.path.exists(path + INDEX_SUFFIX):

@@ -14,7 +14,9 @@ from typing import NoReturn
 from .. import __version__
 from ..errors import RecordIndexError, VarstoreError
 from . import convert, dump, info, merge, repair, stats, verify
+from .dump import join_negative_range
 from .errors import FAILURE_EXIT_CODE, USAGE_EXIT_CODE, CommandError
+from .output import writing_to_standard_output
 
 _INTERRUPTED_EXIT_CODE = 130
 _BROKEN_PIPE_EXIT_CODE = 141
@@ -38,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in _COMMANDS:
         command.add_parser(commands)
+    for subparser in commands.choices.values():
+        subparser.set_defaults(parser=subparser)  # so that main reports unknown arguments as this command's
     return parser
 
 
@@ -53,13 +57,16 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line with `argv` (default: ``sys.argv[1:]``); returns the exit code."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, unknown = parser.parse_known_args(join_negative_range(sys.argv[1:] if argv is None else argv))
+        if unknown:
+            args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     except SystemExit as exit:  # argparse has printed the usage error or the help
         return exit.code if isinstance(exit.code, int) else USAGE_EXIT_CODE
     prefix = f"varstore {args.command}: "
     try:
         code = args.run(args)
-        sys.stdout.flush()
+        with writing_to_standard_output():
+            sys.stdout.flush()
         return code
     except BrokenPipeError:
         # The reader of our output went away (`varstore dump ... | head`): stop quietly.

@@ -31,7 +31,12 @@ _EPILOG = """sources (the format is told by the name, or by --format):
   DIR/             folder: one msgpack record {"name": relative path, "data": bytes} per file, sorted by path;
                    with --labels (torchvision's ImageFolder layout DIR/CLASS/FILE): {"image": bytes,
                    "label": int, "path": relative path}, label k being the k-th sorted sub-folder name,
-                   and the names listed in the metadata as {"labels": [...]}
+                   and the names listed in the metadata as {"labels": [...]}. Hidden files and folders
+                   (names starting with '.': .DS_Store, .ipynb_checkpoints/) are left out at every level,
+                   with or without --labels (stricter than ImageFolder, which would make
+                   .ipynb_checkpoints a class). With --labels a class folder with no file is refused (as
+                   ImageFolder refuses it) and a link to a class folder is followed (as ImageFolder
+                   does); other links to folders are refused. DST must lie outside DIR.
   FILE.npy         npy: one ndarray record per row, or split along the first axis by --offsets
   FILE.bin         tokens: raw token ids of --dtype, one record per document; each --separator token
                    stays the last token of the document it ends (nanoGPT's end-of-text token reaches
@@ -86,7 +91,8 @@ def add_parser(commands: Any) -> None:
                         help="jsonl, parquet with --field: leave out the samples whose field is null (default: refuse them)")
     parser.add_argument("--labels", action="store_true", default=None,
                         help='folder: label each file by its sub-folder, as torchvision\'s ImageFolder does: records '
-                        '{"image", "label", "path"} and the sorted sub-folder names as metadata "labels"')
+                        '{"image", "label", "path"} and the sorted sub-folder names as metadata "labels"; hidden '
+                        'entries (.DS_Store, .ipynb_checkpoints/) are left out')
     parser.add_argument("--codec", choices=("str", "bytes"),
                         help="text, and jsonl or parquet with --field: store str records (default) or UTF-8 bytes")
     parser.add_argument("--max-shard-bytes", type=byte_size, default=256 << 20, metavar="SIZE",
@@ -112,6 +118,15 @@ def _source_format(args: argparse.Namespace) -> str:
     return _FORMAT_BY_SUFFIX[suffix]
 
 
+def _check_destination_outside(folder: str, destination: str) -> None:
+    """Refuse to write DST into the folder being read: its own files (shards, journal, lock) would become records."""
+    source, target = os.path.realpath(folder), os.path.realpath(destination)
+    if os.path.commonpath([source, target]) == source:
+        where = "is the source folder" if source == target else "lies inside the source folder"
+        raise UsageError(f"DST {destination} {where} {folder}; convert would read its own output: "
+                         "write the dataset outside the folder")
+
+
 def _open_source(args: argparse.Namespace) -> Source:
     """The source the arguments describe, with every option checked against its format."""
     if not os.path.exists(args.source):
@@ -122,6 +137,8 @@ def _open_source(args: argparse.Namespace) -> Source:
             raise UsageError(f"--{option.replace('_', '-')} does not apply to {kind} sources")
     if (kind == "folder") != os.path.isdir(args.source):
         raise UsageError(f"{args.source}: the {kind} format needs {'a folder' if kind == 'folder' else 'a file'}")
+    if kind == "folder":
+        _check_destination_outside(args.source, args.destination)
     if kind == "npy":
         return NpySource(args.source, args.offsets)
     if kind == "tokens":

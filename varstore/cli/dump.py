@@ -15,7 +15,8 @@ from ..msgpack_check import MAX_DEPTH
 from ..record_json import to_json
 from .arguments import STORE_HELP, non_negative_int, store_path
 from .errors import CommandError, UsageError
-from .output import listing, plural, print_json
+from .fields import field_value, kind
+from .output import listing, plural, print_json, writing_to_standard_output
 from .render import hex_view, render_array, render_sample, render_text
 
 _CHUNK_RECORDS = 256
@@ -31,7 +32,7 @@ def add_parser(commands: Any) -> None:
         "as JSON-like text, text quoted, bytes as a hex and ASCII view. Prints every record unless told which.",
         epilog="selection:\n  -i INDEX must name a record: an index past either end is an error. --range, --head and --tail\n"
         "  clamp to the records there are, like a Python slice: --range 40:50 of 44 records prints 40 to 43.\n\n"
-        "examples:\n  varstore dump docs -i 0 -i -1\n  varstore dump train/ --range=-10:\n"
+        "examples:\n  varstore dump docs -i 0 -i -1\n  varstore dump train/ --range -10:\n"
         "  varstore dump docs --head 5 --json | jq .record\n"
         "  varstore dump images -i 3 --field image --raw > 3.jpg   (a folder converted with --labels)\n"
         "  varstore dump samples --head 3 --field meta.caption",
@@ -43,24 +44,39 @@ def add_parser(commands: Any) -> None:
                        help="a record to print (repeatable); negative counts from the end")
     which.add_argument("--range", metavar="A:B",
                        help="records A (included) to B (excluded), clamped to the records there are, as in a Python "
-                       "slice; negative values count from the end, either may be left out; write --range=-10: when A "
-                       "is negative")
+                       "slice; negative values count from the end, either may be left out: --range -10: is the last 10")
     which.add_argument("--head", type=non_negative_int, metavar="N", help="the first N records (all, if fewer)")
     which.add_argument("--tail", type=non_negative_int, metavar="N", help="the last N records (all, if fewer)")
     parser.add_argument("--field", metavar="NAME",
                         help="msgpack records: print (or with --raw, write) only this field; a dotted path such as "
-                        "meta.caption reaches into nested maps")
+                        "meta.caption reaches into nested maps (a key holding a dot, such as \"a.b\", is found first)")
     style = parser.add_mutually_exclusive_group()
     style.add_argument("--json", action="store_true",
                        help='one JSON object per line: {"index", "size", "record"}; bytes are {"$bytes": hex}, '
                        'arrays {"$array": {"dtype", "shape", "values"}}')
     style.add_argument("--raw", action="store_true",
                        help="write the exact payload bytes to stdout, back to back; with --field, that field's bytes "
-                       "(bytes as they are, text as UTF-8, arrays as their raw values)")
+                       "(bytes as they are, text as UTF-8, arrays as their raw values); stdout must be redirected "
+                       "to a file or a pipe, not a terminal")
     parser.add_argument("--limit", type=non_negative_int, default=256, metavar="N",
                         help="show at most N bytes of a hex view, characters of text or elements of an array "
                         "(default 256; 0 shows everything)")
     parser.set_defaults(run=run)
+
+
+_RANGE_OPTION = "--range"
+
+
+def join_negative_range(argv: list[str]) -> list[str]:
+    """`argv` with ``--range -3:`` written ``--range=-3:``: argparse takes a value that starts with '-' and is not
+    a plain number for an option, so the slice form with a negative start needs joining to its option."""
+    joined: list[str] = []
+    for argument in argv:
+        if joined and joined[-1] == _RANGE_OPTION and argument.startswith("-") and ":" in argument:
+            joined[-1] = f"{_RANGE_OPTION}={argument}"
+        else:
+            joined.append(argument)
+    return joined
 
 
 def _parse_range(text: str, count: int) -> range:
@@ -119,34 +135,6 @@ def _write_raw(store: varstore.Reader | varstore.ShardedReader, indices: np.ndar
     output.flush()
 
 
-def _field_value(record: Any, field: str, where: str) -> Any:
-    """The value at a dotted path of a msgpack record: ``meta.caption`` is ``record["meta"]["caption"]``.
-
-    A part that is an integer also finds an integer key, since msgpack maps may have them.
-    """
-    value = record
-    parts = field.split(".")
-    for depth, part in enumerate(parts):
-        reached = ".".join(parts[:depth]) or "the record"
-        if not isinstance(value, dict):
-            raise CommandError(f"{where}: no field {field!r}: {reached} is {_kind(value)}, not a map")
-        if part in value:
-            value = value[part]
-        elif part.lstrip("-").isdigit() and int(part) in value:
-            value = value[int(part)]
-        else:
-            raise CommandError(f"{where}: no field {field!r}: {reached} has {listing([str(key) for key in value]) or 'no fields'}")
-    return value
-
-
-def _kind(value: Any) -> str:
-    """``null``, ``an int``, ``a list``: a value's type as a sentence names it."""
-    if value is None:
-        return "null"
-    name = type(value).__name__
-    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
-
-
 def _field_bytes(value: Any, where: str) -> bytes:
     """What ``--raw`` writes of a field: bytes as they are, text as UTF-8, an array's values as stored."""
     if isinstance(value, (bytes, bytearray, memoryview)):
@@ -155,7 +143,7 @@ def _field_bytes(value: Any, where: str) -> bytes:
         return value.encode("utf-8")
     if isinstance(value, np.ndarray):
         return np.ascontiguousarray(value).tobytes()
-    raise CommandError(f"{where}: the field holds {_kind(value)}; --raw writes bytes, text or arrays only")
+    raise CommandError(f"{where}: the field holds {kind(value)}; --raw writes bytes, text or arrays only")
 
 
 def _write_raw_fields(store: varstore.Reader | varstore.ShardedReader, indices: np.ndarray | range, field: str) -> None:
@@ -163,7 +151,7 @@ def _write_raw_fields(store: varstore.Reader | varstore.ShardedReader, indices: 
     for chunk in _chunks(indices):
         for index, record in zip(chunk.tolist(), store.get_batch(chunk)):
             where = f"{store.path}, record {index}"
-            output.write(_field_bytes(_field_value(record, field, where), where))
+            output.write(_field_bytes(field_value(record, field, where), where))
     output.flush()
 
 
@@ -225,7 +213,10 @@ def _check_field(args: argparse.Namespace, store: varstore.Reader | varstore.Sha
 def run(args: argparse.Namespace) -> int:
     if sys.stdout is None:  # started with its standard output closed (`varstore dump ... >&-`)
         raise CommandError("standard output is closed: there is nowhere to write the records")
-    with varstore.open(args.path) as store, _room_for_the_deepest_records():
+    if args.raw and sys.stdout.isatty():
+        raise UsageError("--raw writes binary data and standard output is a terminal; redirect it: "
+                         "varstore dump ... --raw > FILE (or pipe it)")
+    with varstore.open(args.path) as store, _room_for_the_deepest_records(), writing_to_standard_output():
         indices = _selected_indices(args, len(store))
         _check_field(args, store)
         if args.raw:
@@ -238,11 +229,12 @@ def run(args: argparse.Namespace) -> int:
             records = store.get_batch(chunk)
             for index, size, record in zip(chunk.tolist(), _payload_sizes(store, chunk), records):
                 if args.field is not None:
-                    record = _field_value(record, args.field, f"{store.path}, record {index}")
+                    record = field_value(record, args.field, f"{store.path}, record {index}")
                 if args.json:
                     print_json({"index": index, "size": size, "record": to_json(record)})
                 elif args.field is not None:
                     _print_field(index, args.field, record, args.limit)
                 else:
                     _print_record(index, size, record, store.codec, args.limit)
+        sys.stdout.flush()
     return 0

@@ -49,6 +49,10 @@ def _uniform(values: list[Any]) -> Any:
     return values[0] if values and all(value == values[0] for value in values) else None
 
 
+# What an empty dataset says for the facts each shard records (format version, checksums).
+_NO_SHARDS = "none yet: the dataset has no shards"
+
+
 def _describe(store: varstore.Reader | varstore.ShardedReader) -> dict[str, Any]:
     """The facts `info` reports, as JSON-ready values."""
     facts: dict[str, Any] = {"path": store.path}
@@ -89,16 +93,18 @@ def _lengths(store: varstore.Reader | varstore.ShardedReader, data_size: int) ->
 
 
 def _lengths_text(facts: dict[str, Any], shape: tuple[int, ...] | None) -> str:
-    """``3,316,349 (663.3 per record on average)``, and for rows of a shape the elements they hold."""
+    """``3,316,349 (663.3 tokens per record on average)``, and for rows of a shape the elements they hold."""
     text = format_count(facts["rows"])
     if shape:
         text += f" of shape {tuple(shape)}, {format_count(facts['elements'])} elements"
     if facts["record_count"]:
-        text += f" ({facts['rows'] / facts['record_count']:,.1f} per record on average)"
+        text += f" ({facts['rows'] / facts['record_count']:,.1f} {facts['length_unit']} per record on average)"
     return text
 
 
 def _checksums_text(facts: dict[str, Any]) -> str:
+    if facts["kind"] == "dataset" and not facts["shards"]:
+        return _NO_SHARDS
     whole = "of each whole data file" if facts["kind"] == "dataset" else "of the whole data file"
     if facts["record_checksums"] is None:
         with_checksums = sum(shard["record_checksums"] for shard in facts["shards"])
@@ -109,6 +115,8 @@ def _checksums_text(facts: dict[str, Any]) -> str:
 
 
 def _format_text(facts: dict[str, Any]) -> str:
+    if facts["kind"] == "dataset" and not facts["shards"]:
+        return _NO_SHARDS
     version = facts["format_version"]
     return "mixed (see shards)" if version is None else f"varstore {version[0]}.{version[1]}"
 

@@ -20,9 +20,9 @@ from ..manifest import MANIFEST_NAME, Manifest, ShardEntry, commit_manifest_file
 from ..storage import (
     fsync_directory, make_directories, publish, remove_quietly, storage_error, sync_directory, temporary_path, write_all,
 )
-from .arguments import STORE_HELP, add_quiet_option, json_object
+from .arguments import STORE_HELP, add_quiet_option, json_object, store_path
 from .destination import add_allow_other_files_option, check_destination, removed_if_created_and_failed
-from .errors import CommandError
+from .errors import CommandError, UsageError
 from .output import Progress, describe_codec, format_size, plural, progress_bar
 
 # Errors with which os.link says "not here" rather than "something is wrong": copy instead.
@@ -38,7 +38,7 @@ def add_parser(commands: Any) -> None:
         "are hard-linked into DST (no payload is copied) where the filesystem allows, copied otherwise or with --copy; "
         "datasets contribute their manifest entries unchanged. All sources must share one codec.",
     )
-    parser.add_argument("sources", nargs="+", metavar="SRC", help=STORE_HELP)
+    parser.add_argument("sources", nargs="+", metavar="SRC", type=store_path, help=STORE_HELP + "; each at most once")
     parser.add_argument("destination", metavar="DST",
                         help="the new dataset directory (must not exist, or be empty unless --allow-other-files); locked for one "
                         "writer while merge runs")
@@ -78,6 +78,19 @@ def _read_source(path: str) -> _Source:
             shards = [_Shard(prefix, entry) for prefix, entry in zip(store.shard_paths, store.manifest.shards)]
             data_size = sum(entry.data_size for entry in store.manifest.shards)
         return _Source(path, store.codec, params, store.metadata, shards, data_size)
+
+
+def _check_no_shard_twice(sources: list[_Source]) -> None:
+    """Refuse a shard that two sources (or one source twice) bring: its records would be in the result twice."""
+    brought_by: dict[str, str] = {}
+    for source in sources:
+        for shard in source.shards:
+            index_file = os.path.realpath(fmt.shard_paths(shard.prefix)[1])
+            if index_file in brought_by:
+                first = brought_by[index_file]
+                twice = f"{source.path} is given twice" if first == source.path else f"{first} and {source.path} both hold {shard.prefix}"
+                raise UsageError(f"{twice}; merge would store the same records twice")
+            brought_by[index_file] = source.path
 
 
 def _check_codecs(sources: list[_Source]) -> None:
@@ -170,6 +183,7 @@ def _bring_shards(shards: list[_Shard], destination: str, copy: bool, quiet: boo
 
 def run(args: argparse.Namespace) -> int:
     sources = [_read_source(path) for path in args.sources]
+    _check_no_shard_twice(sources)
     _check_codecs(sources)
     metadata = _merged_metadata(sources, args.metadata)
     destination = args.destination

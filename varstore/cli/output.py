@@ -9,8 +9,26 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from ..errors import VarstoreError
+from .errors import CommandError
+
 _UNITS = ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 _PROGRESS_DELAY_SECONDS = 0.5
+
+
+@contextmanager
+def writing_to_standard_output() -> Iterator[None]:
+    """Name standard output in a failure to write to it (a full disk): such an OSError names no file.
+
+    Only for blocks whose other failures name their file: a `VarstoreError` (reading a store) and a
+    `BrokenPipeError` (the reader went away, handled quietly) pass unchanged.
+    """
+    try:
+        yield
+    except OSError as error:
+        if isinstance(error, (VarstoreError, BrokenPipeError)) or error.filename is not None:
+            raise
+        raise CommandError(f"writing to standard output failed: {error.strerror or error}") from None
 
 
 def format_count(count: int) -> str:
@@ -29,12 +47,12 @@ def listing(items: Sequence[Any], most: int = 20) -> str:
 
 
 def format_size(size: float) -> str:
-    """`size` bytes in binary units: ``512 bytes``, ``1.5 MiB``."""
+    """`size` bytes in binary units: ``1 byte``, ``512 bytes``, ``1.5 MiB``."""
     unit = 0
     while size >= 1024 and unit < len(_UNITS) - 1:
         size /= 1024
         unit += 1
-    return f"{int(size):,} bytes" if unit == 0 else f"{size:.1f} {_UNITS[unit]}"
+    return plural(int(size), "byte") if unit == 0 else f"{size:.1f} {_UNITS[unit]}"
 
 
 def format_size_exactly(size: int) -> str:

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from .output import plural
+
 _HEX_ROW_BYTES = 16
 _INLINE_PREVIEW_BYTES = 16
 _INLINE_WIDTH = 100
@@ -30,7 +32,7 @@ def hex_view(data: bytes | memoryview, limit: int) -> str:
         text = "".join(chr(byte) if 32 <= byte < 127 else "." for byte in row)
         rows.append(f"{offset:08x}: {pairs:<39}  {text}")
     if len(data) > len(shown):
-        rows.append(f"... {len(data) - len(shown):,} more bytes (--limit 0 shows all, --raw writes them)")
+        rows.append(f"... {plural(len(data) - len(shown), 'more byte')} (--limit 0 shows all, --raw writes them)")
     return "\n".join(rows)
 
 
@@ -56,7 +58,7 @@ def _inline_array(array: np.ndarray, limit: int) -> str:
 def _inline_bytes(data: bytes, limit: int) -> str:
     shown = data[: min(_cap(limit), _INLINE_PREVIEW_BYTES)]
     more = "..." if len(data) > len(shown) else ""
-    return f"<{len(data):,} bytes: {shown.hex()}{more}>"
+    return f"<{plural(len(data), 'byte')}: {shown.hex()}{more}>"
 
 
 def _leaf(value: Any, limit: int) -> str:

@@ -20,6 +20,7 @@ from ..locking import lock_directory
 from ..manifest import ShardEntry, commit_manifest_file, read_manifest
 from ..sharded_reader import open_listed_shard, verify_listed_shard
 from ..storage import sync_directory
+from .arguments import store_path
 from .errors import UsageError
 from .output import listing, plural
 
@@ -32,7 +33,7 @@ def add_parser(commands: Any) -> None:
         "new manifest without them (their files are left in place) and exit 0; without it, change nothing and "
         "exit 1 if any shard is damaged.",
     )
-    parser.add_argument("path", help="a dataset directory")
+    parser.add_argument("path", type=store_path, help="a dataset (its directory or its manifest.json)")
     parser.add_argument("--write", action="store_true",
                         help="commit the manifest without the damaged shards (takes the dataset's writer lock)")
     parser.set_defaults(run=run)

@@ -24,6 +24,7 @@ from ..codecs import canonical_dtype
 from ..errors import RecordTypeError
 from ..sharded_writer import ShardedWriter
 from .errors import CommandError, UsageError, require_extra
+from .fields import field_value, matching_key
 from .output import Progress
 
 _CHUNK_BYTES = 16 << 20
@@ -250,12 +251,11 @@ class JsonLinesSource(Source):
             where = f"{self.path}, line {number}"
             sample = _parse_json_line(line, where)
             if self.field is not None:
-                if not isinstance(sample, dict) or self.field not in sample:
-                    raise CommandError(f"{where}: no field {self.field!r} in this line")
-                if sample[self.field] is None and self.skip_null:
+                value = field_value(sample, self.field, where)
+                if value is None and self.skip_null:
                     self.skipped += 1
                     continue
-                sample = _field_record(sample[self.field], self.codec, f"{where}, field {self.field!r}")
+                sample = _field_record(value, self.codec, f"{where}, field {self.field!r}")
             _append(writer, sample, where)
 
 
@@ -298,9 +298,14 @@ class FolderSource(Source):
     class sub-folder, its record is ``{"image": bytes, "label": int, "path":
     relative path}``, and the label is the position of its class among the
     sorted sub-folder names, which the metadata lists as ``labels`` (so the
-    labels are those ImageFolder would give). Links to files are read; links to
-    folders are refused rather than followed (they may loop). A record is
-    written whole, so a file over `max_record_bytes` is refused before it is read.
+    labels are those ImageFolder would give). Hidden entries (names starting
+    with ``.``: ``.DS_Store``, ``.ipynb_checkpoints/``) are left out at every
+    level, with or without labels; ImageFolder would make ``.ipynb_checkpoints``
+    a class. A class folder with no file is refused, as ImageFolder refuses it.
+    Links to files are read; a link to a class folder is followed, as
+    ImageFolder does; other links to folders are refused rather than followed
+    (they may loop). A record is written whole, so a file over
+    `max_record_bytes` is refused before it is read.
     """
 
     codec = "msgpack"
@@ -313,29 +318,23 @@ class FolderSource(Source):
             self.metadata = {"labels": self.labels}
 
     def write_to(self, writer: ShardedWriter, progress: Progress) -> None:
-        label_of = {name: label for label, name in enumerate(self.labels or ())}
-        for path, name in _files_in(self.path, ""):
-            if not os.path.isfile(path):
-                raise CommandError(f"{path}: not a regular file; convert reads regular files and links to them")
-            try:
-                name.encode("utf-8")
-            except UnicodeEncodeError:
-                raise CommandError(f"{path!r}: the file name is not valid UTF-8; rename the file") from None
-            if self.labels is None:
-                record = {"name": name, "data": self._read(path)}
-            else:
-                class_name, separator, _ = name.partition("/")
-                if not separator:
-                    raise CommandError(f"{path}: with --labels every file lies in a sub-folder named after its label; "
-                                       "this one lies in the top folder")
-                if class_name not in label_of:
-                    raise CommandError(f"{path}: its sub-folder appeared after convert listed the labels")
-                record = {"image": self._read(path), "label": label_of[class_name], "path": name}
-            _append(writer, record, path)
-            progress(1)
+        if self.labels is None:
+            for path, name in _files_in(self.path, ""):
+                _append(writer, {"name": name, "data": self._read(path)}, path)
+                progress(1)
+            return
+        for label, class_name in enumerate(self.labels):
+            for path, name in _files_in(os.path.join(self.path, class_name), class_name + "/"):
+                _append(writer, {"image": self._read(path), "label": label, "path": name}, path)
+                progress(1)
 
     def _read(self, path: str) -> bytes:
         """The file's bytes, or a one-line error if it is over the limit (checked before and while reading)."""
+        if os.path.isdir(path):
+            raise CommandError(f"{path}: a link to a folder; convert follows such links only as --labels class folders "
+                               "(others may loop)")
+        if not os.path.isfile(path):
+            raise CommandError(f"{path}: not a regular file; convert reads regular files and links to them")
         with open(path, "rb") as file:
             size = os.fstat(file.fileno()).st_size
             if size <= self.max_record_bytes:
@@ -352,24 +351,43 @@ class FolderSource(Source):
         return data
 
 
-def _class_names(directory: str) -> list[str]:
-    """The sub-folders of `directory`, sorted: the class names of an ImageFolder, label k being the k-th."""
+def _visible_entries(directory: str) -> list[os.DirEntry[str]]:
+    """The entries of `directory` sorted by name, hidden ones (names starting with ``.``) left out."""
     with os.scandir(directory) as entries:
-        names = sorted(entry.name for entry in entries if entry.is_dir(follow_symlinks=False))
-    if not names:
+        return sorted((entry for entry in entries if not entry.name.startswith(".")), key=lambda entry: entry.name)
+
+
+def _class_names(directory: str) -> list[str]:
+    """The class folders of an ImageFolder, sorted: label k is the k-th; links to folders count, as in torchvision.
+
+    A file beside them, or a class folder holding no file, is refused.
+    """
+    entries = _visible_entries(directory)
+    if not any(entry.is_dir() for entry in entries):
         raise CommandError(f"{directory}: --labels takes each file's label from its sub-folder, and this folder has none")
-    return names
+    for entry in entries:
+        if not entry.is_dir():
+            raise CommandError(f"{entry.path}: with --labels every file lies in a sub-folder named after its label; "
+                               "this one lies in the top folder")
+        if next(_files_in(entry.path, ""), None) is None:
+            raise CommandError(f"{entry.path}: a class folder with no file (hidden files are left out); "
+                               "--labels needs at least one file in each")
+    return [entry.name for entry in entries]
 
 
 def _files_in(directory: str, prefix: str) -> Iterator[tuple[str, str]]:
-    """(path, name relative to the top folder with / separators) of every file below `directory`, sorted by name."""
-    with os.scandir(directory) as entries:
-        ordered = sorted(entries, key=lambda entry: entry.name)
-    for entry in ordered:
+    """(path, name relative to the top folder with / separators) of every visible file below `directory`, sorted
+    by name; links to folders are not followed (yielded, to be refused as not regular files)."""
+    for entry in _visible_entries(directory):
         if entry.is_dir(follow_symlinks=False):
             yield from _files_in(entry.path, f"{prefix}{entry.name}/")
         else:
-            yield entry.path, prefix + entry.name
+            name = prefix + entry.name
+            try:
+                name.encode("utf-8")
+            except UnicodeEncodeError:
+                raise CommandError(f"{entry.path!r}: the file name is not valid UTF-8; rename the file") from None
+            yield entry.path, name
 
 
 class ParquetSource(Source):
@@ -398,16 +416,22 @@ class ParquetSource(Source):
                 raise UsageError(f"{option} applies to Parquet only with --field; whole rows are stored as msgpack")
             self.codec = "msgpack"
             return
-        if field not in schema.names:
+        column = matching_key(schema.names, field.split("."))
+        if column is None:
             raise UsageError(f"{path} has no column {field!r}; its columns are {', '.join(schema.names)}")
-        column_type = str(schema.field(field).type)
-        self.codec = codec or ("bytes" if "binary" in column_type else "str")
+        self.column = column[0]
+        column_type = schema.field(self.column).type
+        leaf_type = _field_type(column_type, field, column[1])
+        if leaf_type is None:
+            raise UsageError(f"{path} has no field {field!r}: its column {self.column!r} is {column_type}")
+        self.codec = codec or ("bytes" if "binary" in str(leaf_type) else "str")
 
     def write_to(self, writer: ShardedWriter, progress: Progress) -> None:
         for first_row, values in self._batches():
             for row, value in enumerate(values, first_row):
                 where = f"{self.path}, row {row}"
                 if self.field is not None:
+                    value = field_value(value, self.field, where)
                     if value is None and self.skip_null:
                         self.skipped += 1
                         continue
@@ -416,8 +440,8 @@ class ParquetSource(Source):
             progress(len(values))
 
     def _batches(self) -> Iterator[tuple[int, list[Any]]]:
-        """(first row, its batch's rows or field values as Python values); a read error names the row it reached."""
-        columns = None if self.field is None else [self.field]
+        """(first row, its batch's rows as Python dicts, of --field's column alone if given); a read error names the row it reached."""
+        columns = None if self.field is None else [self.column]
         batches = self.file.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=columns)
         row = 0
         while True:
@@ -425,8 +449,21 @@ class ParquetSource(Source):
                 batch = next(batches, None)
                 if batch is None:
                     return
-                values = batch.to_pylist() if self.field is None else batch.column(0).to_pylist()
+                values = batch.to_pylist()
             except self._read_errors as error:
                 raise CommandError(f"{self.path}, from row {row}: pyarrow cannot read it: {error}") from None
             yield row, values
             row += len(values)
+
+
+def _field_type(column_type: Any, field: str, taken: int) -> Any:
+    """The pyarrow type `field` reaches inside a column of `column_type`, whose name took `taken` of its dotted
+    parts, through struct fields as `field_value` finds them; None if the types do not lead there."""
+    value_type, parts = column_type, field.split(".")[taken:]
+    while parts:
+        names = [value_type.field(i).name for i in range(value_type.num_fields)] if hasattr(value_type, "num_fields") else []
+        match = matching_key(names, parts)
+        if match is None:
+            return None
+        value_type, parts = value_type.field(match[0]).type, parts[match[1]:]
+    return value_type
