@@ -86,7 +86,9 @@ def add_parser(commands: Any) -> None:
                         help="tokens: the token id that ends each document; it stays the document's last token")
     parser.add_argument("--drop-separator", action="store_true", default=None,
                         help="tokens: leave the separator tokens out of the records")
-    parser.add_argument("--field", help="jsonl, parquet: store only this text (or binary) field of each sample")
+    parser.add_argument("--field", help="jsonl, parquet: store only this text (or binary) field of each sample; a dotted "
+                        "path such as meta.caption reaches into nested maps (Parquet struct columns), a key holding a "
+                        "dot such as \"a.b\" being found first, as dump --field finds it")
     parser.add_argument("--skip-null", action="store_true", default=None,
                         help="jsonl, parquet with --field: leave out the samples whose field is null (default: refuse them)")
     parser.add_argument("--labels", action="store_true", default=None,
