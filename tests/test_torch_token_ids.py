@@ -137,17 +137,20 @@ def test_keep_dtype_with_numpy_output_points_to_the_collate_function(tokens):
             make()
 
 
-def test_uint64_records_that_may_not_fit_int64_are_refused_unless_keep_dtype(tmp_path):
+def test_uint64_records_with_values_int64_cannot_hold_are_refused_naming_the_record_unless_keep_dtype(tmp_path):
     big = np.array([2**63 + 5, 1], np.uint64)
     with varstore.Writer(tmp_path / "ids", codec="ndarray", dtype="uint64") as writer:
+        writer.append(np.array([7], np.uint64))
         writer.append(big)
-    with pytest.raises(varstore.RecordTypeError, match="keep_dtype=True") as refused:
-        RecordDataset(tmp_path / "ids")
+    expected = "record 1 holds uint64 value 9223372036854775813.*keep_dtype=True"
+    with pytest.raises(varstore.RecordTypeError, match=expected) as refused:
+        RecordDataset(tmp_path / "ids")[-1]
     assert str(tmp_path / "ids") in str(refused.value)
-    sample = RecordDataset(tmp_path / "ids", keep_dtype=True)[0]
+    assert RecordDataset(tmp_path / "ids")[0].dtype == torch.int64
+    sample = RecordDataset(tmp_path / "ids", keep_dtype=True)[1]
     assert sample.dtype == torch.uint64 and sample.tolist() == big.tolist()
-    with pytest.raises(varstore.RecordTypeError, match="keep_dtype=True"):
-        collate_jagged(RecordDataset(tmp_path / "ids", output="numpy").__getitems__([0]))
+    with pytest.raises(varstore.RecordTypeError, match="sample 1 holds.*keep_dtype=True"):
+        collate_jagged(RecordDataset(tmp_path / "ids", output="numpy").__getitems__([0, 1]))
 
 
 @pytest.mark.parametrize(

@@ -120,8 +120,12 @@ def test_bad_window_indices_and_lengths_are_refused(tmp_path):
         dataset[3]
     with pytest.raises(varstore.RecordIndexError):
         dataset[-1]
-    with pytest.raises(varstore.RecordTypeError):
-        TokenWindowDataset(tmp_path / "tokens", 0)
+    for bad_length in (0, -1):  # a bad value, not a bad type: no TypeError
+        with pytest.raises(varstore.VarstoreError, match=f"seq_len must be at least 1, not {bad_length}") as refused:
+            TokenWindowDataset(tmp_path / "tokens", bad_length)
+        assert not isinstance(refused.value, TypeError)
+    with pytest.raises(varstore.RecordTypeError, match="seq_len must be an integer"):
+        TokenWindowDataset(tmp_path / "tokens", 2.5)
     with pytest.raises(varstore.VarstoreError, match="output"):
         TokenWindowDataset(tmp_path / "tokens", 3, output="pandas")
 
@@ -139,13 +143,14 @@ def test_document_start_inside_a_token_is_a_corrupt_record_not_a_mark_one_token_
         dataset[0]
 
 
-def test_uint64_token_ids_are_refused_for_int64_tensors_and_kept_exact_with_keep_dtype_or_numpy(tmp_path):
-    big = np.array([2**63 + 5, 1, 2], np.uint64)
+def test_uint64_token_ids_int64_cannot_hold_are_refused_naming_the_window_and_kept_exact_with_keep_dtype_or_numpy(tmp_path):
+    big = np.array([2**63 + 5, 1, 2, 3, 4], np.uint64)
     with varstore.Writer(tmp_path / "tokens", codec="ndarray", dtype="uint64") as writer:
         writer.append(big)
-    with pytest.raises(varstore.RecordTypeError, match="keep_dtype=True"):
-        TokenWindowDataset(tmp_path / "tokens", 2)
+    assert TokenWindowDataset(tmp_path / "tokens", 2)[1].tolist() == [2, 3, 4]  # int64: these values fit
+    with pytest.raises(varstore.RecordTypeError, match="window 0 holds uint64 value 9223372036854775813.*keep_dtype=True"):
+        TokenWindowDataset(tmp_path / "tokens", 2)[0]
     window = TokenWindowDataset(tmp_path / "tokens", 2, output="numpy")[0]
-    assert window.dtype == np.uint64 and window.tolist() == big.tolist()
+    assert window.dtype == np.uint64 and window.tolist() == big[:3].tolist()
     kept = TokenWindowDataset(tmp_path / "tokens", 2, keep_dtype=True)[0]
-    assert kept.dtype == torch.uint64 and kept.tolist() == big.tolist()
+    assert kept.dtype == torch.uint64 and kept.tolist() == big[:3].tolist()

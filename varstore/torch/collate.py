@@ -13,17 +13,18 @@ keeps the stored dtype instead, for memory. Floats and bools always keep theirs.
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 import torch
 from torch.utils.data import default_collate
 
-from ..errors import RecordTypeError
+from ..errors import RecordTypeError, VarstoreError
 from ..reader import FlatBatch
 
 # Tensors whose dtype numpy lacks (bfloat16, float8...) are collated as integers of the same width.
 _SAME_WIDTH_INTEGER = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_INT64_BOUND = np.uint64(2**63)
 
 
 class PaddedBatch(NamedTuple):
@@ -59,62 +60,83 @@ def writable_tensor(array: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(array if array.flags.writeable else array.copy())
 
 
-def tensor_dtype(dtype: np.dtype, keep_dtype: bool, *, path: str | None = None) -> np.dtype:
-    """The dtype stored `dtype` takes as a tensor: integers become int64 unless `keep_dtype` (uint64, which may not
-    fit, is refused); floats and bools keep theirs."""
-    if keep_dtype or dtype.kind not in "iu" or dtype == np.int64:
+def tensor_dtype(dtype: np.dtype, keep_dtype: bool) -> np.dtype:
+    """The dtype stored `dtype` takes as a tensor: integers become int64 unless `keep_dtype` (uint64 only where every
+    value fits: see `_check_fits_int64`); floats and bools keep theirs."""
+    if keep_dtype or dtype.kind not in "iu":
         return dtype
-    if dtype == np.uint64:
-        raise RecordTypeError(
-            "uint64 values may not fit int64 tensors: pass keep_dtype=True for torch.uint64 tensors", path=path
-        )
     return np.dtype(np.int64)
 
 
-def stored_tensor(array: np.ndarray, keep_dtype: bool) -> torch.Tensor:
+def _check_fits_int64(array: np.ndarray, where: Callable[[int], str], path: str | None = None) -> None:
+    """Refuse uint64 `array` if it holds a value of 2**63 or more, which int64 cannot hold (one vectorised max);
+    `where(i)` names the record (and field) of flat element i for the message."""
+    if array.size == 0 or array.max() < _INT64_BOUND:
+        return
+    flat = array.reshape(-1)
+    position = int(np.argmax(flat >= _INT64_BOUND))
+    raise RecordTypeError(
+        f"{where(position)} holds uint64 value {int(flat[position])}, which int64 tensors cannot hold "
+        "(2**63 or more): pass keep_dtype=True for tensors in the stored dtypes",
+        path=path,
+    )
+
+
+def stored_tensor(array: np.ndarray, keep_dtype: bool, where: Callable[[int], str], path: str | None) -> torch.Tensor:
     """A tensor of stored `array` in its `tensor_dtype`, never sharing memory with a read-only array (one copy at most)."""
     dtype = tensor_dtype(array.dtype, keep_dtype)
-    return torch.from_numpy(array.astype(dtype)) if dtype != array.dtype else writable_tensor(array)
+    if dtype == array.dtype:
+        return writable_tensor(array)
+    if array.dtype == np.uint64:  # values that fit int64 have the same bits in it
+        _check_fits_int64(array, where, path)
+        return writable_tensor(array.view(np.int64))
+    return torch.from_numpy(array.astype(dtype))
 
 
-def stored_tensors(value: Any, keep_dtype: bool) -> Any:
+def stored_tensors(value: Any, keep_dtype: bool, record: str, path: str | None, field: tuple = ()) -> Any:
     """Arrays become tensors (copied: the map is read-only; integers as int64 unless `keep_dtype`); dicts and lists
-    are converted inside, without recursion (records nest up to 512 levels); the rest is kept."""
+    are converted inside, without recursion (records nest up to 512 levels); the rest is kept. `record`, `path` and
+    `field` (where `value` sits in its sample) name the value in errors."""
     if isinstance(value, np.ndarray):
-        return stored_tensor(value, keep_dtype)
+        return stored_tensor(value, keep_dtype, lambda _: _in_field(record, field), path)
     if not isinstance(value, (dict, list)):
         return value
     converted: dict | list = {} if isinstance(value, dict) else [None] * len(value)
-    pending = [(value, converted)]
+    pending: list[tuple[Any, Any, tuple]] = [(value, converted, field)]
     while pending:
-        source, target = pending.pop()
+        source, target, field = pending.pop()
         for key, item in source.items() if isinstance(source, dict) else enumerate(source):
             if isinstance(item, np.ndarray):
-                item = stored_tensor(item, keep_dtype)
+                item = stored_tensor(item, keep_dtype, lambda _, name=(*field, key): _in_field(record, name), path)
             elif isinstance(item, (dict, list)):
                 container: dict | list = {} if isinstance(item, dict) else [None] * len(item)
-                pending.append((item, container))
+                pending.append((item, container, (*field, key)))
                 item = container
             target[key] = item
     return converted
 
 
-def _as_array(sample: Any, position: int) -> tuple[np.ndarray, torch.dtype | None]:
-    """A numpy view of one sample, and the torch dtype to restore if numpy could not hold it."""
+def _in_field(sample: str, field: tuple) -> str:
+    """`sample`, and the dotted path of `field` in it if any (list positions as numbers)."""
+    return f"{sample}, field {'.'.join(map(str, field))}" if field else sample
+
+
+def _as_array(sample: Any, name: str) -> tuple[np.ndarray, torch.dtype | None]:
+    """A numpy view of one sample (`name` in errors), and the torch dtype to restore if numpy could not hold it."""
     if isinstance(sample, np.ndarray):
         array, restore = sample, None
     elif isinstance(sample, torch.Tensor):
         tensor = sample.detach()
         if tensor.device.type != "cpu":
-            raise RecordTypeError(f"sample {position} is on {tensor.device}; collation works on CPU tensors")
+            raise RecordTypeError(f"{name} is on {tensor.device}; collation works on CPU tensors")
         try:
             array, restore = tensor.numpy(), None
         except TypeError:
             array, restore = tensor.view(_SAME_WIDTH_INTEGER[tensor.element_size()]).numpy(), tensor.dtype
     else:
-        raise RecordTypeError(f"sample {position} is a {type(sample).__name__}; expected a tensor or numpy array")
+        raise RecordTypeError(f"{name} is a {type(sample).__name__}; expected a tensor or numpy array")
     if array.ndim == 0:
-        raise RecordTypeError(f"sample {position} is a scalar; variable-length collation needs at least one dimension")
+        raise RecordTypeError(f"{name} is a scalar; variable-length collation needs at least one dimension")
     return array, restore
 
 
@@ -127,29 +149,50 @@ class _Flat(NamedTuple):
     dtype: np.dtype  # of the tensor to make: `tensor_dtype` for numpy samples, the samples' own for tensors
 
 
-def _flat(samples: Sequence[Any], keep_dtype: bool) -> _Flat:
-    """A list of samples back to back (one copy), checking they agree in dtype and trailing shape."""
+def naming_records(values: np.ndarray, offsets: np.ndarray, name: Callable[[int], str]) -> Callable[[int], str]:
+    """A `where` for `_check_fits_int64` on records back to back (record k is rows ``offsets[k]:offsets[k + 1]`` of
+    `values`): the `name` of the record holding flat element i."""
+    row_size = max(1, math.prod(values.shape[1:]))
+    return lambda element: name(int(np.searchsorted(offsets, element // row_size, side="right")) - 1)
+
+
+def _checked(flat: _Flat, name: Callable[[int], str]) -> _Flat:
+    """`flat`, after refusing uint64 values that its int64 `dtype` cannot hold (`name(k)` names sample k); uint64
+    values that fit are viewed as int64, the same bits, without a copy."""
+    if flat.values.dtype != np.uint64 or flat.dtype != np.int64:
+        return flat
+    offsets = np.concatenate(([0], np.cumsum(flat.lengths)))
+    _check_fits_int64(flat.values, naming_records(flat.values, offsets, name))
+    return flat._replace(values=flat.values.view(np.int64))
+
+
+def _flat(samples: Sequence[Any], keep_dtype: bool, field: tuple) -> _Flat:
+    """A list of samples (the values of `field` in dict samples) back to back (one copy), checking they agree in
+    dtype and trailing shape."""
     if len(samples) == 0:
         raise RecordTypeError("cannot collate an empty batch")
-    converted = [_as_array(sample, position) for position, sample in enumerate(samples)]
+    converted = [_as_array(sample, _in_field(f"sample {position}", field)) for position, sample in enumerate(samples)]
     first, restore = converted[0]
     for position, (array, restored) in enumerate(converted):
         if array.dtype != first.dtype or restored != restore or array.shape[1:] != first.shape[1:]:
             raise RecordTypeError(
-                f"sample {position} has dtype {restored or array.dtype} and shape {array.shape}, but sample 0 has "
-                f"dtype {restore or first.dtype} and shape {first.shape}: only the first dimension may vary"
+                f"{_in_field(f'sample {position}', field)} has dtype {restored or array.dtype} and shape "
+                f"{array.shape}, but sample 0 has dtype {restore or first.dtype} and shape {first.shape}: "
+                "only the first dimension may vary"
             )
     lengths = np.array([array.shape[0] for array, _ in converted], np.int64)
     dtype = tensor_dtype(first.dtype, keep_dtype) if isinstance(samples[0], np.ndarray) else first.dtype
-    return _Flat(np.concatenate([array for array, _ in converted]), lengths, restore, dtype)
+    flat = _Flat(np.concatenate([array for array, _ in converted]), lengths, restore, dtype)
+    return _checked(flat, lambda position: _in_field(f"sample {position}", field))
 
 
 def _flat_batch(batch: Any, keep_dtype: bool) -> _Flat | None:
     """`batch` as a `_Flat` if it was read flat already, else None."""
     if isinstance(batch, FlatBatch):
-        return _Flat(batch.values, np.diff(batch.offsets), None, tensor_dtype(batch.values.dtype, keep_dtype))
+        flat = _Flat(batch.values, np.diff(batch.offsets), None, tensor_dtype(batch.values.dtype, keep_dtype))
+        return _checked(flat, lambda position: f"sample {position}")
     if isinstance(batch, JaggedBatch):
-        values, restore = _as_array(batch.values, 0)
+        values, restore = _as_array(batch.values, "the values")
         return _Flat(values, batch.lengths.numpy(), restore, values.dtype)
     return None
 
@@ -173,23 +216,33 @@ def _fill_value(pad_value: Any, dtype: np.dtype, restore: torch.dtype | None) ->
     return converted
 
 
-def _is_sequence_field(value: Any) -> bool:
+def _is_sequence(value: Any) -> bool:
     return isinstance(value, (np.ndarray, torch.Tensor)) and value.ndim >= 1
 
 
-def _by_field(batch: Sequence[dict[str, Any]], collate_sequences: Any, keep_dtype: bool) -> dict[str, Any]:
-    """Dict samples: array fields collated by `collate_sequences`, the rest (labels, scalars, text, nested arrays) by
-    `default_collate`, after `stored_tensors` made copies of any numpy arrays in them."""
-    keys = batch[0].keys()
-    for position, sample in enumerate(batch):
-        if sample.keys() != keys:
-            raise RecordTypeError(f"sample {position} has fields {sorted(sample)}, sample 0 has {sorted(keys)}")
-    return {
-        key: collate_sequences([sample[key] for sample in batch])
-        if _is_sequence_field(batch[0][key])
-        else default_collate([stored_tensors(sample[key], keep_dtype) for sample in batch])
-        for key in keys
-    }
+def _collate(batch: Any, collate_flat: Callable[[_Flat], Any], keep_dtype: bool, field: tuple = ()) -> Any:
+    """One recursive walk over dict samples: arrays at any depth of dicts become `collate_flat` of their values back
+    to back, the rest (labels, scalars, text, lists) `default_collate` of `stored_tensors` copies."""
+    flat = _flat_batch(batch, keep_dtype) if not field else None
+    if flat is not None:
+        return collate_flat(flat)
+    if len(batch) and isinstance(batch[0], dict):
+        keys = batch[0].keys()
+        for position, sample in enumerate(batch):
+            if not isinstance(sample, dict) or sample.keys() != keys:
+                found = sorted(sample) if isinstance(sample, dict) else f"a {type(sample).__name__}"
+                raise RecordTypeError(
+                    f"{_in_field(f'sample {position}', field)} has fields {found}, but sample 0 has {sorted(keys)}"
+                )
+        collated = {}
+        for key in keys:  # a loop, not a comprehension: one frame per level of records nested 512 deep
+            collated[key] = _collate([sample[key] for sample in batch], collate_flat, keep_dtype, (*field, key))
+        return collated
+    if not field or _is_sequence(batch[0]):
+        return collate_flat(_flat(batch, keep_dtype, field))
+    return default_collate(
+        [stored_tensors(sample, keep_dtype, f"sample {position}", None, field) for position, sample in enumerate(batch)]
+    )
 
 
 def collate_padded(
@@ -198,41 +251,39 @@ def collate_padded(
     """Pad samples to the longest one (rounded up to `pad_to_multiple`) with `pad_value`.
 
     Use as ``collate_fn=functools.partial(collate_padded, pad_value=-100)``. Dict
-    samples give a dict: a `PaddedBatch` per array field, `default_collate` for the rest.
-    Integer numpy samples give int64 values unless `keep_dtype`; tensors keep their dtype.
+    samples give a dict of the same shape: a `PaddedBatch` per array field, at any
+    depth of nested dicts, and `default_collate` for the rest. Integer numpy samples
+    give int64 values unless `keep_dtype`; tensors keep their dtype.
     """
     if pad_to_multiple < 1:
-        raise RecordTypeError(f"pad_to_multiple must be at least 1, not {pad_to_multiple}")
-    flat = _flat_batch(batch, keep_dtype)
-    if flat is None:
-        if len(batch) and isinstance(batch[0], dict):
-            return _by_field(
-                batch, lambda field: collate_padded(field, pad_value, pad_to_multiple, keep_dtype=keep_dtype), keep_dtype
-            )
-        flat = _flat(batch, keep_dtype)
-    values, lengths, restore, dtype = flat
-    longest = int(lengths.max()) if len(lengths) else 0
-    width = math.ceil(longest / pad_to_multiple) * pad_to_multiple
-    padded = np.full((len(lengths), width, *values.shape[1:]), _fill_value(pad_value, dtype, restore), dtype)
-    mask = np.arange(width) < lengths[:, None]
-    padded[mask] = values  # the one copy, converting to `dtype` on the way
-    return PaddedBatch(_to_tensor(padded, restore), torch.from_numpy(lengths.astype(np.int64)), torch.from_numpy(mask))
+        raise VarstoreError(f"pad_to_multiple must be at least 1, not {pad_to_multiple}")
+
+    def pad(flat: _Flat) -> PaddedBatch:
+        values, lengths, restore, dtype = flat
+        longest = int(lengths.max()) if len(lengths) else 0
+        width = math.ceil(longest / pad_to_multiple) * pad_to_multiple
+        padded = np.full((len(lengths), width, *values.shape[1:]), _fill_value(pad_value, dtype, restore), dtype)
+        mask = np.arange(width) < lengths[:, None]
+        padded[mask] = values  # the one copy, converting to `dtype` on the way
+        return PaddedBatch(_to_tensor(padded, restore), torch.from_numpy(lengths.astype(np.int64)), torch.from_numpy(mask))
+
+    return _collate(batch, pad, keep_dtype)
 
 
 def collate_jagged(batch: Any, *, keep_dtype: bool = False) -> JaggedBatch | dict[str, Any]:
     """Concatenate samples into one values tensor plus int64 offsets (a flat batch passes through as tensors).
 
-    Dict samples give a dict: a `JaggedBatch` per array field, `default_collate` for the rest.
-    Integer numpy samples give int64 values unless `keep_dtype`; tensors keep their dtype.
+    Dict samples give a dict of the same shape: a `JaggedBatch` per array field, at
+    any depth of nested dicts, and `default_collate` for the rest. Integer numpy
+    samples give int64 values unless `keep_dtype`; tensors keep their dtype.
     """
     if isinstance(batch, JaggedBatch):
         return batch
-    flat = _flat_batch(batch, keep_dtype)
-    if flat is None:
-        if len(batch) and isinstance(batch[0], dict):
-            return _by_field(batch, lambda field: collate_jagged(field, keep_dtype=keep_dtype), keep_dtype)
-        flat = _flat(batch, keep_dtype)
-    values, lengths, restore, dtype = flat
-    offsets = np.zeros(len(lengths) + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    return JaggedBatch(_to_tensor(values.astype(dtype, copy=False), restore), torch.from_numpy(offsets))
+
+    def jag(flat: _Flat) -> JaggedBatch:
+        values, lengths, restore, dtype = flat
+        offsets = np.zeros(len(lengths) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        return JaggedBatch(_to_tensor(values.astype(dtype, copy=False), restore), torch.from_numpy(offsets))
+
+    return _collate(batch, jag, keep_dtype)

@@ -13,7 +13,7 @@ from torch.utils.data import Dataset
 from ..errors import CorruptRecordError, VarstoreError
 from ..reader import FlatBatch, Reader, check_indices
 from ..sharded_reader import ShardedReader
-from .collate import JaggedBatch, stored_tensor, stored_tensors, tensor_dtype, writable_tensor
+from .collate import JaggedBatch, naming_records, stored_tensor, stored_tensors, writable_tensor
 from .reading import ProcessLocalReader
 from .skipped import SkippedRecords
 
@@ -58,7 +58,8 @@ class RecordDataset(Dataset):
     ``msgpack`` records the decoded structure with its arrays as tensors. Integer
     arrays (records, and arrays inside ``msgpack`` records) become int64 tensors, which
     embeddings and losses take; ``keep_dtype=True`` keeps the stored dtype (uint64
-    records need it). With ``output="numpy"`` arrays stay zero-copy read-only views in
+    values of 2**63 or more need it: without it they are refused, naming the record
+    and field). With ``output="numpy"`` arrays stay zero-copy read-only views in
     the stored dtype and `collate_padded` / `collate_jagged` make the one copy (and the
     int64 conversion: pass `keep_dtype` to them). `transform` runs on each sample in the worker.
     With ``flat_batches=True`` a batch comes back as one `JaggedBatch` (a `FlatBatch`
@@ -102,8 +103,6 @@ class RecordDataset(Dataset):
         self.on_damaged = on_damaged
         self.keep_dtype = keep_dtype
         reader = self._source.get()
-        if output == "torch" and reader.codec == "ndarray":
-            tensor_dtype(reader.dtype, keep_dtype, path=self.path)  # refuses uint64 now rather than at every read
         self._skipped = SkippedRecords(_shard_paths(reader)) if on_damaged == "skip" else None
         self._length = len(reader)
         self._bytes_codec = reader.codec == "bytes"
@@ -124,14 +123,16 @@ class RecordDataset(Dataset):
     def __repr__(self) -> str:
         return f"RecordDataset({self.path!r}, records={self._length})"
 
-    def _sample(self, record: Any) -> Any:
+    def _sample(self, record: Any, index: int) -> Any:
         sample = np.frombuffer(record, np.uint8) if self._bytes_codec else record
-        if self.output == "torch":
-            sample = writable_tensor(sample) if self._bytes_codec else stored_tensors(sample, self.keep_dtype)
+        if self.output == "torch" and self._bytes_codec:
+            sample = writable_tensor(sample)
+        elif self.output == "torch":
+            sample = stored_tensors(sample, self.keep_dtype, f"record {index % self._length}", self.path)
         return sample if self.transform is None else self.transform(sample)
 
     def __getitem__(self, index: int) -> Any:
-        return self._sample(self.reader[index])
+        return self._sample(self.reader[index], index)
 
     def __getitems__(self, indices: Sequence[int] | np.ndarray) -> list[Any] | JaggedBatch | FlatBatch:
         """The samples at `indices` (or, with `flat_batches`, one batch of them), read with one vectorised call."""
@@ -144,12 +145,16 @@ class RecordDataset(Dataset):
         except CorruptRecordError:
             if self.on_damaged == "raise":
                 raise
-            records = fetch(self._readable(reader, indices))
+            indices = self._readable(reader, indices)
+            records = fetch(indices)
         if not self.flat_batches:
-            return [self._sample(record) for record in records]
+            return [self._sample(record, index) for record, index in zip(records, np.asarray(indices).tolist())]
         if self.output == "numpy":
             return records
-        return JaggedBatch(stored_tensor(records.values, self.keep_dtype), torch.from_numpy(records.offsets))
+        resolved = np.asarray(indices) % self._length
+        where = naming_records(records.values, records.offsets, lambda k: f"record {resolved[k]}")
+        values = stored_tensor(records.values, self.keep_dtype, where, self.path)
+        return JaggedBatch(values, torch.from_numpy(records.offsets))
 
     def _outside_quarantine(self, reader: Reader | ShardedReader, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """`indices` without the records of quarantined shards, which are counted as skipped."""

@@ -30,6 +30,7 @@ import numpy as np
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
 
 from ..errors import VarstoreError
+from .collate import collate_jagged
 from .datasets import DamagedPolicy, Output, RecordDataset
 from .distributed import rank_and_world_size
 from .permutation import Permutation, derive_key
@@ -109,17 +110,20 @@ class RecordStream(IterableDataset):
     """Batches of records in a block-shuffled order, each record once per epoch across ranks and workers.
 
     Use with ``DataLoader(stream, batch_size=None, num_workers=...)``: the stream
-    yields whole batches (`collate_fn` applied; default `default_collate`), read with
-    one vectorised `get_batch` each. Keep the DataLoader's default ``in_order=True``
-    and ``persistent_workers=False``: workers built once never see `set_epoch`.
+    yields whole batches (`collate_fn` applied), read with one vectorised `get_batch`
+    each. The default `collate_fn` is `collate_jagged`, which takes records of any
+    length (for ``msgpack`` records a dict, arrays at any depth of maps jagged), and
+    for ``str`` records `default_collate` (a list of str); pass `collate_padded` for
+    padded batches. Keep the DataLoader's default ``in_order=True`` and
+    ``persistent_workers=False``: workers built once never see `set_epoch`.
 
     Ranks hold equal shares (to one record), so their batch counts differ by at most
     one; under DDP see `ExactlyOnceSampler` about the uneven last step. The last batch
     of a rank's epoch may be short. `transform`, `output`, `flat_batches`,
     `on_damaged`, `verify_reads` and `keep_dtype` mean what they mean for
     `RecordDataset`; a damaged record skipped leaves its batch one shorter. With
-    ``output="numpy"`` pass `collate_padded` or `collate_jagged`, which copy the
-    read-only views (`default_collate` would hand them to torch as they are, with a warning).
+    ``output="numpy"`` keep a varstore collate function, which copies the read-only
+    views (`default_collate` would hand them to torch as they are, with a warning).
     """
 
     def __init__(
@@ -153,7 +157,7 @@ class RecordStream(IterableDataset):
         self.path = self._dataset.path
         self.record_count = len(self._dataset)
         self.batch_size = batch_size
-        self.collate_fn = collate_fn if collate_fn is not None else default_collate
+        self.collate_fn = collate_fn or (default_collate if self._dataset.reader.codec == "str" else collate_jagged)
         self.shuffle = shuffle
         self.seed = seed
         self.block_size = block_size

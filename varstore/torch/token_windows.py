@@ -22,10 +22,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..errors import CorruptRecordError, RecordIndexError, RecordTypeError
+from ..errors import CorruptRecordError, RecordIndexError, RecordTypeError, VarstoreError
 from ..reader import Reader
 from ..sharded_reader import ShardedReader
-from .collate import tensor_dtype
+from .collate import stored_tensor, tensor_dtype
 from .datasets import OUTPUTS, Output, check_choice, check_keep_dtype
 from .reading import ProcessLocalReader
 
@@ -52,7 +52,7 @@ class TokenWindowDataset(Dataset):
     needs only a count; ``DataLoader(shuffle=True)`` works too.
 
     A sample is an int64 tensor of ``seq_len + 1`` tokens (``keep_dtype=True``: a
-    tensor of the stored dtype, for memory; uint64 tokens need it), or with
+    tensor of the stored dtype, for memory; uint64 tokens of 2**63 or more need it), or with
     ``document_starts=True`` a dict ``{"tokens": ..., "document_starts": ...}`` whose
     bool tensor marks the positions where a document begins, for resetting position
     ids or masking attention between documents. Each window is copied once, from the
@@ -76,8 +76,10 @@ class TokenWindowDataset(Dataset):
     ) -> None:
         check_choice("output", output, OUTPUTS)
         check_keep_dtype(keep_dtype, output)
+        if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)):
+            raise RecordTypeError(f"seq_len must be an integer, not {type(seq_len).__name__}")
         if seq_len < 1:
-            raise RecordTypeError(f"seq_len must be at least 1, not {seq_len}")
+            raise VarstoreError(f"seq_len must be at least 1, not {seq_len}")
         self._source = ProcessLocalReader(path)
         self.path = self._source.path
         reader = self._source.get()
@@ -87,7 +89,7 @@ class TokenWindowDataset(Dataset):
                 + (f" of dtype {reader.dtype} and trailing shape {reader.shape}" if reader.dtype is not None else ""),
                 path=self.path,
             )
-        self._tensor_dtype = tensor_dtype(reader.dtype, keep_dtype, path=self.path) if output == "torch" else reader.dtype
+        self._tensor_dtype = tensor_dtype(reader.dtype, keep_dtype) if output == "torch" else reader.dtype
         self.seq_len = seq_len
         self.document_starts = document_starts
         self.output = output
@@ -179,8 +181,12 @@ class TokenWindowDataset(Dataset):
         return marks
 
     def _tokens(self, starts: np.ndarray) -> list[Any]:
-        if self.output == "torch":
+        if self.output == "torch" and (self.dtype != np.uint64 or self._tensor_dtype == self.dtype):
             return list(torch.from_numpy(self._gather(starts, self._tensor_dtype)))
+        if self.output == "torch":  # uint64 to int64: the values are checked to fit before converting
+            width = self.seq_len + 1
+            where = lambda element: f"window {int(starts[element // width]) // self.seq_len}"  # noqa: E731
+            return list(stored_tensor(self._gather(starts, self.dtype), False, where, self.path))
         width = self.seq_len + 1
         shard = np.searchsorted(self._token_starts, starts, side="right") - 1
         inside = starts + width <= self._token_starts[shard + 1]
