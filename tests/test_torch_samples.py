@@ -103,20 +103,27 @@ def write_lengths(path, lengths):
         writer.extend(np.full(length, length, np.uint16) for length in lengths)
 
 
-def test_record_stream_default_collation_takes_variable_length_records(tmp_path):
-    write_lengths(tmp_path / "docs", [1, 4, 2, 7, 3])
-    loader = DataLoader(RecordStream(tmp_path / "docs", batch_size=5, shuffle=False), batch_size=None)
-    (batch,) = list(loader)
-    assert isinstance(batch, varstore.torch.JaggedBatch) and batch.values.dtype == torch.int64
-    assert batch.lengths.tolist() == [1, 4, 2, 7, 3] and batch.values.tolist()[:5] == [1, 4, 4, 4, 4]
-
-
-def test_record_stream_default_collation_of_msgpack_and_str_records(tmp_path, nested):
-    (batch,) = list(RecordStream(nested, batch_size=2, shuffle=False))
-    assert batch["audio"]["codes"].offsets.tolist() == [0, 3, 8]
+def test_record_stream_default_collation_stacks_equal_samples_and_tuples_from_a_transform(tmp_path):
+    """The default is torch's default_collate: equal-length records stack, (tokens, label) tuples collate."""
+    write_lengths(tmp_path / "docs", [3, 3, 3])
+    (batch,) = list(RecordStream(tmp_path / "docs", batch_size=3, shuffle=False))
+    assert batch.shape == (3, 3) and batch.dtype == torch.int64
+    stream = RecordStream(tmp_path / "docs", batch_size=3, shuffle=False, transform=lambda record: (record, len(record)))
+    (tokens, labels), = list(stream)
+    assert tokens.shape == (3, 3) and labels.tolist() == [3, 3, 3]
     with varstore.Writer(tmp_path / "text", codec="str") as writer:
         writer.extend(["a", "bc"])
     assert list(RecordStream(tmp_path / "text", batch_size=2, shuffle=False)) == [["a", "bc"]]
+
+
+def test_record_stream_default_collation_of_different_lengths_names_the_collate_functions(tmp_path, nested):
+    write_lengths(tmp_path / "docs", [1, 4, 2])
+    with pytest.raises(varstore.VarstoreError, match="different lengths.*collate_fn=collate_jagged"):
+        list(RecordStream(tmp_path / "docs", batch_size=3, shuffle=False))
+    (batch,) = list(RecordStream(tmp_path / "docs", batch_size=3, shuffle=False, collate_fn=collate_jagged))
+    assert batch.lengths.tolist() == [1, 4, 2]
+    (batch,) = list(RecordStream(nested, batch_size=2, shuffle=False, collate_fn=collate_jagged))
+    assert batch["audio"]["codes"].offsets.tolist() == [0, 3, 8]
 
 
 def test_pad_to_multiple_below_one_is_a_bad_value_not_a_type_error():

@@ -30,7 +30,6 @@ import numpy as np
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
 
 from ..errors import VarstoreError
-from .collate import collate_jagged
 from .datasets import DamagedPolicy, Output, RecordDataset
 from .distributed import rank_and_world_size
 from .permutation import Permutation, derive_key
@@ -106,16 +105,29 @@ class _EpochOrder:
         return np.concatenate(parts)
 
 
+def stacked(batch: list[Any]) -> Any:
+    """torch's `default_collate`, whose failure on records of different lengths says what to pass instead."""
+    try:
+        return default_collate(batch)
+    except RuntimeError as error:
+        if "equal size" not in str(error):
+            raise
+        raise VarstoreError(
+            f"records of different lengths cannot be stacked ({error}); pass collate_fn=collate_jagged, or "
+            "functools.partial(collate_padded, pad_value=...), to RecordStream"
+        ) from None
+
+
 class RecordStream(IterableDataset):
     """Batches of records in a block-shuffled order, each record once per epoch across ranks and workers.
 
     Use with ``DataLoader(stream, batch_size=None, num_workers=...)``: the stream
     yields whole batches (`collate_fn` applied), read with one vectorised `get_batch`
-    each. The default `collate_fn` is `collate_jagged`, which takes records of any
-    length (for ``msgpack`` records a dict, arrays at any depth of maps jagged), and
-    for ``str`` records `default_collate` (a list of str); pass `collate_padded` for
-    padded batches. Keep the DataLoader's default ``in_order=True`` and
-    ``persistent_workers=False``: workers built once never see `set_epoch`.
+    each. The default `collate_fn` is torch's `default_collate` (it stacks samples of
+    equal shape, tuples from a `transform` included); records of different lengths
+    need `collate_jagged` or `collate_padded`, which the default's error names. Keep
+    the DataLoader's default ``in_order=True`` and ``persistent_workers=False``:
+    workers built once never see `set_epoch`.
 
     Ranks hold equal shares (to one record), so their batch counts differ by at most
     one; under DDP see `ExactlyOnceSampler` about the uneven last step. The last batch
@@ -157,7 +169,7 @@ class RecordStream(IterableDataset):
         self.path = self._dataset.path
         self.record_count = len(self._dataset)
         self.batch_size = batch_size
-        self.collate_fn = collate_fn or (default_collate if self._dataset.reader.codec == "str" else collate_jagged)
+        self.collate_fn = collate_fn or stacked
         self.shuffle = shuffle
         self.seed = seed
         self.block_size = block_size
