@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 import varstore  # noqa: E402
 from varstore.checksum import crc32c  # noqa: E402
 from varstore.manifest import manifest_crc32c  # noqa: E402
-from varstore.record_json import from_json  # noqa: E402
+from tools.make_vectors import write_vector  # noqa: E402
 
 VECTORS = ROOT / "spec" / "vectors"
 DATASETS = VECTORS / "datasets"
@@ -41,17 +41,9 @@ DAMAGED = VECTORS / "damaged"
 
 def write_dataset(directory: Path, description: dict[str, Any]) -> None:
     """Write the dataset a description describes: its shards with `Writer`, then its manifest with `write_manifest`."""
-    params = description["codec_params"]
     for shard in description["shards"]:
-        with varstore.Writer(
-            directory / shard["name"],
-            codec=description["codec"],
-            dtype=params.get("dtype"),
-            shape=params.get("shape"),
-            metadata=description["shard_metadata"],
-            checksums=description["record_checksums"],
-        ) as writer:
-            writer.extend(from_json(record) for record in shard["records"])
+        shard_description = {name: description[name] for name in ("codec", "codec_params", "record_checksums")}
+        write_vector(directory / shard["name"], {**shard_description, "metadata": description["shard_metadata"], "records": shard["records"]})
     varstore.write_manifest(directory, [shard["name"] for shard in description["shards"]], metadata=description["metadata"])
 
 
