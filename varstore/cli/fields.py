@@ -16,14 +16,16 @@ from .output import listing
 def matching_key(keys: Collection[Any], parts: list[str]) -> tuple[Any, int] | None:
     """(the key of `keys` that the longest leading run of `parts` names, how many parts it took), or None.
 
-    A single part that is an integer also finds an integer key, since msgpack maps may have them.
+    A single part written as an integer in ASCII digits (``3``, ``-1``) also finds an integer key, since msgpack
+    maps may have them; other digits (``²``, ``①``) are only names.
     """
     for taken in range(len(parts), 0, -1):
         name = ".".join(parts[:taken])
         if name in keys:
             return name, taken
     first = parts[0]
-    if first.lstrip("-").isdigit() and int(first) in keys:
+    digits = first.removeprefix("-")
+    if digits.isascii() and digits.isdigit() and int(first) in keys:
         return int(first), 1
     return None
 
