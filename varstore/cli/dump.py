@@ -22,11 +22,12 @@ from .render import hex_view, render_array, render_sample, render_text
 _CHUNK_RECORDS = 256
 # Rendering a record recurses through its containers, a few Python frames per level.
 _FRAMES_PER_LEVEL = 4
+NAME = "dump"
 
 
 def add_parser(commands: Any) -> None:
     parser = commands.add_parser(
-        "dump",
+        NAME,
         help="print records",
         description="Print records decoded by their codec: arrays with dtype, shape and values, structured samples "
         "as JSON-like text, text quoted, bytes as a hex and ASCII view. Prints every record unless told which.",
@@ -68,10 +69,15 @@ _RANGE_OPTION = "--range"
 
 
 def join_negative_range(argv: list[str]) -> list[str]:
-    """`argv` with ``--range -3:`` written ``--range=-3:``: argparse takes a value that starts with '-' and is not
-    a plain number for an option, so the slice form with a negative start needs joining to its option."""
+    """A ``dump`` command line `argv` with ``--range -3:`` written ``--range=-3:``: argparse takes a value that
+    starts with '-' and is not a plain number for an option, so the slice form with a negative start needs joining
+    to its option. Other commands, and the arguments after ``--`` (paths), are left as they are."""
+    if argv[:1] != [NAME]:
+        return argv
     joined: list[str] = []
-    for argument in argv:
+    for position, argument in enumerate(argv):
+        if argument == "--":
+            return joined + argv[position:]
         if joined and joined[-1] == _RANGE_OPTION and argument.startswith("-") and ":" in argument:
             joined[-1] = f"{_RANGE_OPTION}={argument}"
         else:
