@@ -81,16 +81,25 @@ def _read_source(path: str) -> _Source:
 
 
 def _check_no_shard_twice(sources: list[_Source]) -> None:
-    """Refuse a shard that two sources (or one source twice) bring: its records would be in the result twice."""
-    brought_by: dict[str, str] = {}
+    """Refuse a shard that two sources (or one source twice) bring: its records would be in the result twice.
+
+    A shard is known by its index file's identity (device, inode), so that one reached through a link, or
+    hard-linked into a dataset by an earlier merge, is the same shard.
+    """
+    brought_by: dict[tuple[int, int], tuple[str, str]] = {}
     for source in sources:
         for shard in source.shards:
-            index_file = os.path.realpath(fmt.shard_paths(shard.prefix)[1])
-            if index_file in brought_by:
-                first = brought_by[index_file]
-                twice = f"{source.path} is given twice" if first == source.path else f"{first} and {source.path} both hold {shard.prefix}"
+            status = os.stat(fmt.shard_paths(shard.prefix)[1])
+            identity = (status.st_dev, status.st_ino)
+            if identity in brought_by:
+                first, first_prefix = brought_by[identity]
+                if first == source.path:
+                    twice = f"{source.path} is given twice"
+                else:
+                    same_file = "" if first_prefix == shard.prefix else f" (the same file as {first_prefix})"
+                    twice = f"{first} and {source.path} both hold {shard.prefix}{same_file}"
                 raise UsageError(f"{twice}; merge would store the same records twice")
-            brought_by[index_file] = source.path
+            brought_by[identity] = source.path, shard.prefix
 
 
 def _check_codecs(sources: list[_Source]) -> None:
