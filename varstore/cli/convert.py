@@ -36,7 +36,8 @@ _EPILOG = """sources (the format is told by the name, or by --format):
                    with or without --labels (stricter than ImageFolder, which would make
                    .ipynb_checkpoints a class). With --labels a class folder with no file is refused (as
                    ImageFolder refuses it) and a link to a class folder is followed (as ImageFolder
-                   does); other links to folders are refused. DST must lie outside DIR.
+                   does); other links to folders are refused. DST must lie outside DIR and
+                   outside every class folder (a linked one included).
   FILE.npy         npy: one ndarray record per row, or split along the first axis by --offsets
   FILE.bin         tokens: raw token ids of --dtype, one record per document; each --separator token
                    stays the last token of the document it ends (nanoGPT's end-of-text token reaches
@@ -120,13 +121,15 @@ def _source_format(args: argparse.Namespace) -> str:
     return _FORMAT_BY_SUFFIX[suffix]
 
 
-def _check_destination_outside(folder: str, destination: str) -> None:
-    """Refuse to write DST into the folder being read: its own files (shards, journal, lock) would become records."""
-    source, target = os.path.realpath(folder), os.path.realpath(destination)
-    if os.path.commonpath([source, target]) == source:
-        where = "is the source folder" if source == target else "lies inside the source folder"
-        raise UsageError(f"DST {destination} {where} {folder}; convert would read its own output: "
-                         "write the dataset outside the folder")
+def _check_destination_outside(destination: str, folder: str, role: str) -> None:
+    """Refuse to write DST into a folder convert reads, `role` (the source folder, or a class folder, which may be a
+    link to anywhere): its own files (shards, journal, lock) would become records."""
+    real, target = os.path.realpath(folder), os.path.realpath(destination)
+    if os.path.commonpath([real, target]) == real:
+        where = "is" if real == target else "lies inside"
+        linked = f" (a link to {real})" if os.path.islink(folder) else ""
+        raise UsageError(f"DST {destination} {where} {role} {folder}{linked}; convert would read its own output: "
+                         "write the dataset outside the folders it reads")
 
 
 def _open_source(args: argparse.Namespace) -> Source:
@@ -140,7 +143,7 @@ def _open_source(args: argparse.Namespace) -> Source:
     if (kind == "folder") != os.path.isdir(args.source):
         raise UsageError(f"{args.source}: the {kind} format needs {'a folder' if kind == 'folder' else 'a file'}")
     if kind == "folder":
-        _check_destination_outside(args.source, args.destination)
+        _check_destination_outside(args.destination, args.source, "the source folder")
     if kind == "npy":
         return NpySource(args.source, args.offsets)
     if kind == "tokens":
@@ -154,7 +157,10 @@ def _open_source(args: argparse.Namespace) -> Source:
         return TextSource(args.source, args.codec, max_record_bytes)
     if kind == "parquet":
         return ParquetSource(args.source, args.field, args.codec, skip_null=bool(args.skip_null))
-    return FolderSource(args.source, max_record_bytes, labels=bool(args.labels))
+    source = FolderSource(args.source, max_record_bytes, labels=bool(args.labels))
+    for class_folder in source.class_folders:  # a linked one may lead anywhere, DST included
+        _check_destination_outside(args.destination, class_folder, "the class folder")
+    return source
 
 
 def _dataset_writer(args: argparse.Namespace, source: Source) -> varstore.ShardedWriter:

@@ -317,6 +317,11 @@ class FolderSource(Source):
         if self.labels is not None:
             self.metadata = {"labels": self.labels}
 
+    @property
+    def class_folders(self) -> list[str]:
+        """The class folders read with labels (a link among them is followed), in label order; none without."""
+        return [os.path.join(self.path, name) for name in self.labels or []]
+
     def write_to(self, writer: ShardedWriter, progress: Progress) -> None:
         if self.labels is None:
             for path, name in _files_in(self.path, ""):
@@ -458,12 +463,19 @@ class ParquetSource(Source):
 
 def _field_type(column_type: Any, field: str, taken: int) -> Any:
     """The pyarrow type `field` reaches inside a column of `column_type`, whose name took `taken` of its dotted
-    parts, through struct fields as `field_value` finds them; None if the types do not lead there."""
+    parts, through struct fields as `field_value` finds them; None if the types do not lead there.
+
+    Only structs are maps in a row (lists and Parquet maps become Python lists), so no other type is entered.
+    """
+    from pyarrow import StructType  # loaded already: only a ParquetSource calls this
+
     value_type, parts = column_type, field.split(".")[taken:]
     while parts:
-        names = [value_type.field(i).name for i in range(value_type.num_fields)] if hasattr(value_type, "num_fields") else []
+        if not isinstance(value_type, StructType):
+            return None
+        names = [value_type.field(i).name for i in range(value_type.num_fields)]
         match = matching_key(names, parts)
         if match is None:
             return None
-        value_type, parts = value_type.field(match[0]).type, parts[match[1]:]
+        value_type, parts = value_type.field(names.index(match[0])).type, parts[match[1]:]
     return value_type
