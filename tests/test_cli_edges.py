@@ -228,3 +228,106 @@ def test_dump_range_with_a_negative_start_takes_a_space(tmp_path, capsys):
     for spelling in (["--range", "-3:"], ["--range=-3:"], ["--range", "-3:-1"]):
         lines = run_json_lines(capsys, "dump", dataset, *spelling)
         assert [line["index"] for line in lines] == ([1, 2] if spelling[-1].endswith("-1") else [1, 2, 3])
+
+
+# Attack 11b, item 1: a --labels class folder that is a link to DST (or to a folder holding it).
+
+@pytest.mark.parametrize("link", ["../images", ".."])
+def test_labels_refuse_a_class_folder_linked_to_the_destination_or_above_it(tmp_path, capsys, link):
+    photos = _folder(tmp_path / "photos", {"cat/1.png": b"cat"})
+    code, _, err = run(capsys, "convert", photos, tmp_path / "images", "--labels", "--quiet")
+    assert code == 0, err
+    os.symlink(link, photos / "linked")  # class "linked" is DST, or the folder holding DST
+    before = sorted(os.listdir(tmp_path / "images"))
+    code, _, err = run(capsys, "convert", photos, tmp_path / "images", "--labels", "--overwrite", "--quiet")
+    assert code == 2
+    assert_one_line_error(code, err, str(tmp_path / "images"), str(photos / "linked"), "class folder", "own output")
+    assert sorted(os.listdir(tmp_path / "images")) == before
+    with varstore.open(tmp_path / "images") as dataset:
+        assert [record["path"] for record in dataset] == ["cat/1.png"]
+
+
+def test_labels_accept_a_class_folder_linked_beside_the_destination(tmp_path, capsys):
+    photos = _folder(tmp_path / "photos", {"cat/1.png": b"cat"})
+    _folder(tmp_path / "more", {"2.png": b"dog"})
+    os.symlink("../more", photos / "dog")
+    code, _, err = run(capsys, "convert", photos, tmp_path / "images", "--labels", "--quiet")
+    assert code == 0, err
+    with varstore.open(tmp_path / "images") as dataset:
+        assert [record["path"] for record in dataset] == ["cat/1.png", "dog/2.png"]
+
+
+# Attack 11b, item 2: the same shard given twice through a hard link.
+
+def test_merge_refuses_a_shard_given_again_through_a_hard_link(tmp_path, capsys):
+    first = write_dataset(tmp_path / "a", [b"a", b"b"], codec="bytes")
+    second = write_dataset(tmp_path / "c", [b"c"], codec="bytes")
+    code, _, err = run(capsys, "merge", first, second, tmp_path / "ac", "--quiet")
+    assert code == 0, err
+    if os.stat(first / "shard-000000.index").st_ino != os.stat(tmp_path / "ac" / "shard-000000.index").st_ino:
+        pytest.skip("this filesystem did not hard-link the shards")
+    code, _, err = run(capsys, "merge", first, tmp_path / "ac", tmp_path / "twice", "--quiet")
+    assert code == 2
+    assert_one_line_error(code, err, f"{first} and {tmp_path / 'ac'} both hold", "same records twice")
+    assert not (tmp_path / "twice").exists()
+
+
+# Attack 11b, item 3: --field through a Parquet column that is not a struct.
+
+@pytest.mark.parametrize("field", ["tags.element", "tags.0", "m.key"])
+def test_parquet_field_through_a_list_or_map_column_is_a_usage_error(tmp_path, capsys, field):
+    pa = pytest.importorskip("pyarrow")
+    parquet = pytest.importorskip("pyarrow.parquet")
+    table = pa.table({"tags": [["a", "b"]], "m": pa.array([[("k", "v")]], pa.map_(pa.string(), pa.string()))})
+    parquet.write_table(table, tmp_path / "t.parquet")
+    code, _, err = run(capsys, "convert", tmp_path / "t.parquet", tmp_path / "out", "--field", field, "--quiet")
+    assert code == 2
+    assert_one_line_error(code, err, f"no field {field!r}", "its column")
+
+
+# Attack 11b, item 4: digits int() does not read are names, not integer keys.
+
+@pytest.mark.parametrize("field", ["²", "①", "٣", "--1"])
+def test_a_field_of_non_ascii_digits_is_a_missing_name_not_a_crash(tmp_path, capsys, field):
+    (tmp_path / "s.jsonl").write_text('{"a": "x"}\n')
+    code, _, err = run(capsys, "convert", tmp_path / "s.jsonl", tmp_path / "text", f"--field={field}", "--quiet")
+    assert_one_line_error(code, err, f"no field {field!r}", "the record has a")
+    write_dataset(tmp_path / "samples", [{"a": "x", 3: "int key"}], codec="msgpack")
+    code, _, err = run(capsys, "dump", tmp_path / "samples", f"--field={field}")
+    assert_one_line_error(code, err, f"no field {field!r}")
+    code, out, err = run(capsys, "dump", tmp_path / "samples", "--field", "3")
+    assert code == 0 and "int key" in out, err
+
+
+# Attack 11b, item 5: the --range joining is dump's alone, and stops at "--".
+
+def test_range_joining_leaves_other_commands_and_arguments_after_dashdash_alone(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_dataset(tmp_path / "--range", [b"a"], codec="bytes")
+    write_dataset(tmp_path / "-3:", [b"b"], codec="bytes")
+    code, _, err = run(capsys, "merge", "--quiet", "--", "--range", "-3:", "out")
+    assert code == 0, err
+    with varstore.open(tmp_path / "out") as dataset:
+        assert list(dataset) == [b"a", b"b"]
+    code, _, err = run(capsys, "stats", "./-3:", "--range", "-3:")
+    assert_one_line_error(code, err, "unrecognized arguments: --range -3:")
+    code, out, err = run(capsys, "dump", "--json", "--range", "-1:", "--", "-3:")
+    assert code == 0 and [json.loads(line)["record"] for line in out.splitlines()] == [{"$bytes": "62"}], err
+
+
+# Attack 11b, item 6: every command that prints names a full standard output, with no noise at exit.
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("command", [["info"], ["info", "--json"], ["stats"], ["verify"], ["dump"]])
+@pytest.mark.parametrize("buffered", [True, False])
+def test_a_full_standard_output_is_named_once_by_every_command(tmp_path, command, buffered):
+    dataset = write_dataset(tmp_path / "ds", [b"x" * 100] * 3, codec="bytes")
+    environment = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
+    if not buffered:
+        environment["PYTHONUNBUFFERED"] = "1"
+    with open("/dev/full", "wb") as full:
+        result = subprocess.run([str(CONSOLE_SCRIPT), command[0], str(dataset), *command[1:]],
+                                stdout=full, stderr=subprocess.PIPE, env=environment, timeout=120)
+    assert result.returncode == 1
+    assert_one_line_error(result.returncode, result.stderr.decode(), f"varstore {command[0]}: writing to standard output failed",
+                          "No space left on device")

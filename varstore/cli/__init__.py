@@ -7,7 +7,6 @@ written, 2 a usage error, 130 interrupted. Errors are one line on stderr.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import NoReturn
 
@@ -16,7 +15,7 @@ from ..errors import RecordIndexError, VarstoreError
 from . import convert, dump, info, merge, repair, stats, verify
 from .dump import join_negative_range
 from .errors import FAILURE_EXIT_CODE, USAGE_EXIT_CODE, CommandError
-from .output import writing_to_standard_output
+from .output import discard_standard_output, writing_to_standard_output
 
 _INTERRUPTED_EXIT_CODE = 130
 _BROKEN_PIPE_EXIT_CODE = 141
@@ -70,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except BrokenPipeError:
         # The reader of our output went away (`varstore dump ... | head`): stop quietly.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        discard_standard_output()
         return _BROKEN_PIPE_EXIT_CODE
     except KeyboardInterrupt:
         print(f"{prefix}interrupted", file=sys.stderr)

@@ -14,7 +14,7 @@ from .. import format as fmt
 from ..codecs import make_codec
 from ..manifest import MANIFEST_NAME, MANIFEST_VERSION
 from .arguments import add_store_arguments
-from .output import describe_codec, format_count, length_unit, format_size, format_size_exactly, plural, print_fields, print_json, print_table
+from .output import describe_codec, format_count, length_unit, format_size, format_size_exactly, plural, print_fields, print_json, print_table, writing_to_standard_output
 
 
 def add_parser(commands: Any) -> None:
@@ -161,8 +161,9 @@ def _print_text(facts: dict[str, Any], store: varstore.Reader | varstore.Sharded
 def run(args: argparse.Namespace) -> int:
     with varstore.open(args.path) as store:
         facts = _describe(store)
-        if args.json:
-            print_json(facts)
-        else:
-            _print_text(facts, store)
+        with writing_to_standard_output():
+            if args.json:
+                print_json(facts)
+            else:
+                _print_text(facts, store)
     return 0

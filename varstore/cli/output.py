@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
@@ -21,14 +22,30 @@ def writing_to_standard_output() -> Iterator[None]:
     """Name standard output in a failure to write to it (a full disk): such an OSError names no file.
 
     Only for blocks whose other failures name their file: a `VarstoreError` (reading a store) and a
-    `BrokenPipeError` (the reader went away, handled quietly) pass unchanged.
+    `BrokenPipeError` (the reader went away, handled quietly) pass unchanged. After the failure what
+    is left unwritten is discarded, so that Python's flush at exit does not fail again with a traceback.
     """
     try:
         yield
     except OSError as error:
         if isinstance(error, (VarstoreError, BrokenPipeError)) or error.filename is not None:
             raise
+        discard_standard_output()
         raise CommandError(f"writing to standard output failed: {error.strerror or error}") from None
+
+
+def discard_standard_output() -> None:
+    """Point standard output at the null device, as Python's documentation advises after a broken pipe:
+    what is still buffered then goes nowhere, quietly, instead of failing again at exit."""
+    try:
+        descriptor = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):  # no stdout, or one without a descriptor (captured in tests)
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, descriptor)
+    finally:
+        os.close(null)
 
 
 def format_count(count: int) -> str:

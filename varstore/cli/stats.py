@@ -13,7 +13,7 @@ import varstore
 
 from .arguments import add_store_arguments, positive_int
 from .errors import require_extra
-from .output import format_count, length_unit, format_size, format_size_exactly, print_fields, print_json, print_table
+from .output import format_count, length_unit, format_size, format_size_exactly, print_fields, print_json, print_table, writing_to_standard_output
 
 _PERCENTILES = (50, 90, 99, 99.9)
 _BAR_WIDTH = 50
@@ -149,10 +149,11 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         _plot(facts, args.path, args.plot)
         facts["plot"] = args.plot
-    if args.json:
-        print_json(facts)
-    else:
-        _print_text(facts)
-        if args.plot:
-            print(f"histogram drawn in {args.plot}")
+    with writing_to_standard_output():
+        if args.json:
+            print_json(facts)
+        else:
+            _print_text(facts)
+            if args.plot:
+                print(f"histogram drawn in {args.plot}")
     return 0

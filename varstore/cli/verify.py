@@ -20,7 +20,7 @@ from ..manifest import Manifest, ShardEntry, read_manifest
 from ..sharded_reader import open_listed_shard, verify_listed_shard
 from ..storage import TEMP_MARK
 from .arguments import add_quiet_option, add_store_arguments
-from .output import Progress, format_size, listing, plural, print_json, progress_bar
+from .output import Progress, format_size, listing, plural, print_json, progress_bar, writing_to_standard_output
 
 
 def add_parser(commands: Any) -> None:
@@ -138,20 +138,21 @@ def run(args: argparse.Namespace) -> int:
     rate = progress.done / seconds if seconds > 0 else 0.0
     leftovers = sorted(glob.glob(os.path.join(glob.escape(directory), f"*{TEMP_MARK}*")))
     writer_running = is_locked(writer_lock)
-    if args.json:
-        print_json({
-            "path": args.path,
-            "ok": all(check.ok for check in checks),
-            "records": sum(check.records for check in checks),
-            "checked_bytes": progress.done,
-            "seconds": seconds,
-            "bytes_per_second": rate,
-            "shards": [{**asdict(check), "ok": check.ok} for check in checks],
-            "temporary_files": leftovers,
-            "writer_running": writer_running,
-            "removed_temporary_files": removed,
-        })
-    else:
-        measured = f"{format_size(progress.done)} of records checked in {seconds:.2f} s ({format_size(rate)}/s)"
-        _print_text(checks, is_dataset, measured, removed, leftovers, writer_running)
+    with writing_to_standard_output():
+        if args.json:
+            print_json({
+                "path": args.path,
+                "ok": all(check.ok for check in checks),
+                "records": sum(check.records for check in checks),
+                "checked_bytes": progress.done,
+                "seconds": seconds,
+                "bytes_per_second": rate,
+                "shards": [{**asdict(check), "ok": check.ok} for check in checks],
+                "temporary_files": leftovers,
+                "writer_running": writer_running,
+                "removed_temporary_files": removed,
+            })
+        else:
+            measured = f"{format_size(progress.done)} of records checked in {seconds:.2f} s ({format_size(rate)}/s)"
+            _print_text(checks, is_dataset, measured, removed, leftovers, writer_running)
     return 0 if all(check.ok for check in checks) else 1
