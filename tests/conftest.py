@@ -9,6 +9,8 @@ from typing import Iterator
 import pytest
 from hypothesis import HealthCheck, settings
 
+pytest_plugins = ["tests.helpers_s3"]  # the session's S3 server fixture, `s3_server`
+
 settings.register_profile(
     "ci", deadline=None, derandomize=True, max_examples=60, suppress_health_check=[HealthCheck.too_slow]
 )

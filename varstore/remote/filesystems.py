@@ -1,0 +1,260 @@
+"""fsspec filesystems for URLs, and the transfers varstore makes through them: ranged reads, whole-file
+uploads and downloads, each retrying transient faults with bounded backoff.
+
+fsspec and its backends are imported only when a URL is opened: they are optional (`varstore[remote]`,
+`varstore[s3]`), and `import varstore` needs neither. Every failure leaves as a `VarstoreError` naming the URL
+and what was being done: `MissingFileError` for an object that does not exist, `StorageError` otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import functools
+import http.client
+import random
+import re
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
+
+from ..errors import MissingFileError, StorageError, VarstoreError
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
+
+T = TypeVar("T")
+
+# A hole between two wanted byte ranges up to this size is fetched rather than paid for with a second request.
+DEFAULT_MAX_GAP = 64 * 1024
+# Cap of one backoff delay: a retried read should fail in seconds, not minutes.
+_MAX_DELAY = 2.0
+# Two or more letters before "://": a Windows drive ("C:/") is never taken for a scheme.
+_URL_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+)://")
+_EXTRA_FOR_SCHEME = {"s3": "s3", "s3a": "s3"}
+_TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+_TRANSIENT_ERROR_CODES = frozenset(
+    {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError", "ServiceUnavailable"}
+)
+# How s3fs translates S3 answers into OSError: 503 SlowDown and 409 -> EBUSY, 500 InternalError -> EREMOTEIO.
+_TRANSIENT_ERRNOS = frozenset(
+    {errno.EBUSY, getattr(errno, "EREMOTEIO", errno.EIO), errno.ECONNRESET, errno.ECONNABORTED, errno.ETIMEDOUT,
+     errno.EPIPE, errno.EAGAIN}
+)
+_TRANSIENT_BUILTIN_ERRORS = (ConnectionError, TimeoutError, asyncio.TimeoutError, http.client.IncompleteRead)
+_PERMANENT_OS_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError)
+
+
+class _TruncatedBody(ConnectionError):
+    """A response carried fewer (or more) bytes than the range asked for: a cut connection, retried."""
+
+
+def is_url(path: object) -> bool:
+    """Whether `path` is a URL (`scheme://...`, `file://` included) rather than a local path."""
+    return isinstance(path, str) and _URL_SCHEME.match(path) is not None
+
+
+def open_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple[AbstractFileSystem, str]:
+    """The fsspec filesystem serving `url` and the path of `url` within it; `storage_options` go to the
+    filesystem as fsspec passes them (for S3, s3fs's `endpoint_url`, `key`, `secret`, ...)."""
+    match = _URL_SCHEME.match(url)
+    scheme = match.group(1).lower() if match else "file"
+    try:
+        from fsspec.core import url_to_fs
+    except ImportError as error:
+        extra = _EXTRA_FOR_SCHEME.get(scheme, "remote")
+        raise StorageError(f"opening a URL needs fsspec: pip install 'varstore[{extra}]'", path=url) from error
+    try:
+        return url_to_fs(url, **(storage_options or {}))
+    except ImportError as error:
+        extra = _EXTRA_FOR_SCHEME.get(scheme)
+        advice = f"pip install 'varstore[{extra}]'" if extra else "install the package fsspec names"
+        message = f"{scheme}:// needs a package that is not installed: {advice} ({error})"
+        raise StorageError(message, path=url) from error
+    except ValueError as error:  # fsspec: "Protocol not known"
+        raise StorageError(f"no filesystem for {scheme}:// ({error})", path=url) from error
+
+
+def with_retries(
+    action: Callable[[], T],
+    *,
+    what: str,
+    url: str,
+    attempts: int = 5,
+    first_delay: float = 0.05,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """`action()`, tried up to `attempts` times while it fails transiently (connection reset, timeout, HTTP
+    5xx or SlowDown, truncated body), waiting a random time up to `first_delay * 2**n` before retry n
+    (exponential backoff with full jitter). `what` says what was being done, for the error.
+
+    A missing object raises `MissingFileError`; a permanent failure, or a transient one that outlasts the
+    attempts, raises `StorageError`; a `VarstoreError` from `action` passes unchanged.
+    """
+    if attempts < 1:
+        raise ValueError(f"attempts must be at least 1, not {attempts}")
+    attempt = 1
+    while True:
+        try:
+            return action()
+        except VarstoreError:
+            raise
+        except FileNotFoundError as error:
+            raise MissingFileError(f"{what}: no such object", path=url) from error
+        except Exception as error:
+            if not is_transient(error):
+                raise StorageError(f"{what} failed: {_describe(error)}", path=url) from error
+            if attempt == attempts:
+                raise StorageError(
+                    f"{what} failed {attempts} times, the last with: {_describe(error)}", path=url
+                ) from error
+            sleep(random.uniform(0, min(_MAX_DELAY, first_delay * 2 ** (attempt - 1))))
+            attempt += 1
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether `error` is a fault that a retry may not meet again; an error that does not tell is judged
+    by the error it was raised from (s3fs raises OSErrors from botocore's and aiohttp's)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        verdict = _transient_verdict(current)
+        if verdict is not None:
+            return verdict
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _transient_verdict(error: BaseException) -> bool | None:
+    """True if `error` itself is transient, False if it is permanent, None if it does not tell."""
+    if isinstance(error, _PERMANENT_OS_ERRORS):
+        return False
+    if isinstance(error, _TRANSIENT_BUILTIN_ERRORS + _backend_transient_types()):
+        return True
+    if isinstance(error, OSError) and error.errno in _TRANSIENT_ERRNOS:
+        return True
+    status = getattr(error, "status", None)  # aiohttp.ClientResponseError
+    if isinstance(status, int):
+        return status in _TRANSIENT_STATUSES
+    response = getattr(error, "response", None)  # botocore.exceptions.ClientError
+    if isinstance(response, dict):
+        code = response.get("Error", {}).get("Code")
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return code in _TRANSIENT_ERROR_CODES or status in _TRANSIENT_STATUSES
+    return None
+
+
+@functools.cache
+def _backend_transient_types() -> tuple[type[BaseException], ...]:
+    """The connection and truncated-body errors of the HTTP stacks under fsspec's backends, those installed."""
+    types: list[type[BaseException]] = []
+    try:
+        from botocore import exceptions as botocore_errors
+
+        types += [botocore_errors.ConnectionError, botocore_errors.HTTPClientError, botocore_errors.IncompleteReadError]
+        types += [getattr(botocore_errors, "ResponseStreamingError", botocore_errors.HTTPClientError)]
+    except ImportError:
+        pass
+    try:
+        import aiohttp
+
+        types += [aiohttp.ClientConnectionError, aiohttp.ClientPayloadError]
+    except ImportError:
+        pass
+    return tuple(types)
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+@dataclass(frozen=True)
+class _Span:
+    """One request's byte range [start, end) covering one or more wanted ranges."""
+
+    start: int
+    end: int
+
+
+def read_range(
+    fs: AbstractFileSystem, path: str, start: int, end: int, *, url: str, sleep: Callable[[float], None] = time.sleep
+) -> bytes:
+    """Bytes [start, end) of the object at `path`, exactly `end - start` of them (a short body is retried)."""
+    return read_ranges(fs, path, [(start, end)], url=url, sleep=sleep)[0]
+
+
+def read_ranges(
+    fs: AbstractFileSystem,
+    path: str,
+    ranges: Sequence[tuple[int, int]],
+    *,
+    url: str,
+    max_gap: int = DEFAULT_MAX_GAP,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[bytes]:
+    """The bytes of each [start, end) in `ranges`, in order. Ranges that overlap or lie within `max_gap`
+    bytes of each other share one request; the requests run concurrently (`fs.cat_ranges`) on filesystems
+    that can. Every response is checked for its exact length; a retry fetches only the spans still missing.
+    """
+    for start, end in ranges:
+        if not 0 <= start <= end:
+            raise ValueError(f"{url}: invalid byte range [{start}, {end})")
+    spans = _merge_ranges([(start, end) for start, end in ranges if end > start], max_gap)
+    fetched: dict[_Span, bytes] = {}
+
+    def fetch_missing() -> None:
+        missing = [span for span in spans if span not in fetched]
+        results = fs.cat_ranges(
+            [path] * len(missing), [span.start for span in missing], [span.end for span in missing], on_error="return"
+        )
+        failures: list[BaseException] = []
+        for span, result in zip(missing, results):
+            if isinstance(result, BaseException):
+                failures.append(result)
+            elif len(result) != span.end - span.start:
+                failures.append(
+                    _TruncatedBody(f"bytes [{span.start}, {span.end}) came back as {len(result)} bytes")
+                )
+            else:
+                fetched[span] = bytes(result)
+        if failures:
+            raise min(failures, key=is_transient)  # a permanent failure first: retrying cannot help it
+
+    if spans:
+        with_retries(fetch_missing, what=f"reading {len(spans)} byte range(s)", url=url, sleep=sleep)
+    return [_cut(fetched, spans, start, end) for start, end in ranges]
+
+
+def _merge_ranges(ranges: Sequence[tuple[int, int]], max_gap: int) -> list[_Span]:
+    """The spans to request for non-empty `ranges`: sorted, overlapping or `max_gap`-near ranges joined."""
+    spans: list[_Span] = []
+    for start, end in sorted(ranges):
+        if spans and start - spans[-1].end <= max_gap:
+            spans[-1] = _Span(spans[-1].start, max(spans[-1].end, end))
+        else:
+            spans.append(_Span(start, end))
+    return spans
+
+
+def _cut(fetched: dict[_Span, bytes], spans: list[_Span], start: int, end: int) -> bytes:
+    """Bytes [start, end) out of the fetched span that contains them."""
+    if start == end:
+        return b""
+    span = next(span for span in spans if span.start <= start and end <= span.end)
+    return fetched[span][start - span.start : end - span.start]
+
+
+def upload_file(
+    local_path: str, fs: AbstractFileSystem, path: str, *, url: str, sleep: Callable[[float], None] = time.sleep
+) -> None:
+    """Copy the local file `local_path` to `path` on `fs` (the object `url`), whole, retrying transient faults."""
+    with_retries(lambda: fs.put_file(local_path, path), what=f"uploading {local_path}", url=url, sleep=sleep)
+
+
+def download_file(
+    fs: AbstractFileSystem, path: str, local_path: str, *, url: str, sleep: Callable[[float], None] = time.sleep
+) -> None:
+    """Copy the object at `path` on `fs` (the object `url`) to the local file `local_path`, retrying transient
+    faults. A failed download may leave a partial file: download to a temporary name and rename."""
+    with_retries(lambda: fs.get_file(path, local_path), what=f"downloading to {local_path}", url=url, sleep=sleep)
