@@ -9,6 +9,7 @@ and what was being done: `MissingFileError` for an object that does not exist, `
 from __future__ import annotations
 
 import asyncio
+import bisect
 import errno
 import functools
 import http.client
@@ -223,7 +224,8 @@ def read_ranges(
 
     if spans:
         with_retries(fetch_missing, what=f"reading {len(spans)} byte range(s)", url=url, sleep=sleep)
-    return [_cut(fetched, spans, start, end) for start, end in ranges]
+    span_starts = [span.start for span in spans]
+    return [_cut(fetched, spans, span_starts, start, end) for start, end in ranges]
 
 
 def _merge_ranges(ranges: Sequence[tuple[int, int]], max_gap: int) -> list[_Span]:
@@ -237,11 +239,11 @@ def _merge_ranges(ranges: Sequence[tuple[int, int]], max_gap: int) -> list[_Span
     return spans
 
 
-def _cut(fetched: dict[_Span, bytes], spans: list[_Span], start: int, end: int) -> bytes:
-    """Bytes [start, end) out of the fetched span that contains them."""
+def _cut(fetched: dict[_Span, bytes], spans: list[_Span], span_starts: list[int], start: int, end: int) -> bytes:
+    """Bytes [start, end) out of the fetched span that contains them (`spans` sorted, `span_starts` theirs)."""
     if start == end:
         return b""
-    span = next(span for span in spans if span.start <= start and end <= span.end)
+    span = spans[bisect.bisect_right(span_starts, start) - 1]
     return fetched[span][start - span.start : end - span.start]
 
 
