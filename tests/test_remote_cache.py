@@ -63,8 +63,17 @@ def blocked_on(lock_path: str) -> int:
         return sum(1 for line in table if "->" in line.split() and line.split()[-3].rsplit(":", 1)[-1] == inode)
 
 
-def lock_path(cache_dir: Path, key: str) -> str:
-    return str(cache_dir / object_name(key)) + LOCK_SUFFIX
+def name(key: str, data: bytes) -> str:
+    return object_name(key, len(data), crc32c(data))
+
+
+def letter_name(key: str, size: int = 100) -> str:
+    """The name of the object a one-letter key stands for in the eviction tests."""
+    return name(key, payload(ord(key), size))
+
+
+def lock_path(cache_dir: Path, key: str, data: bytes) -> str:
+    return str(cache_dir / name(key, data)) + LOCK_SUFFIX
 
 
 def final_files(cache_dir: Path) -> dict[str, int]:
@@ -114,7 +123,7 @@ def fetch_in_threads(cache_dir: Path, key: str, data: bytes, counter: Path, fetc
 
     def hold_until_all_wait(_: str) -> None:
         deadline = time.monotonic() + WAIT_SECONDS
-        while blocked_on(lock_path(cache_dir, key)) < fetchers - len(downloads(counter)) and time.monotonic() < deadline:
+        while blocked_on(lock_path(cache_dir, key, data)) < fetchers - len(downloads(counter)) and time.monotonic() < deadline:
             time.sleep(0.005)
 
     def fetch_one() -> None:
@@ -142,7 +151,7 @@ def test_two_processes_of_two_threads_fetching_one_object_download_it_once(tmp_p
     outcomes = [results.get(timeout=WAIT_SECONDS) for _ in range(4)]
     join_all(processes)
     assert downloads(counter) == [key]
-    assert {outcome for outcome in outcomes} == {("ok", str(cache_dir / object_name(key)), True)}
+    assert {outcome for outcome in outcomes} == {("ok", str(cache_dir / name(key, data)), True)}
     assert temporaries(cache_dir) == []
 
 
@@ -169,7 +178,7 @@ def test_a_download_killed_midway_leaves_no_final_file_and_the_next_fetch_downlo
     os.kill(victim.pid, signal.SIGKILL)
     join_all([victim])
     stale = temporaries(cache_dir)
-    assert len(stale) == 1 and not (cache_dir / object_name(key)).exists()
+    assert len(stale) == 1 and not (cache_dir / name(key, data)).exists()
 
     path = NodeCache(str(cache_dir)).fetch(key, len(data), crc32c(data), downloader(key, data, counter))
     assert Path(path).read_bytes() == data
@@ -191,12 +200,12 @@ def test_a_fetch_waiting_for_a_downloader_that_is_killed_downloads_it_itself(tmp
     victim = spawn(download_half_then_hang, cache_dir, key, data, counter, started)
     assert started.wait(timeout=WAIT_SECONDS)
     waiter = spawn(fetch_and_report, cache_dir, key, data, counter, results)
-    wait_until(lambda: blocked_on(lock_path(cache_dir, key)) == 1, "the second fetch to wait for the lock")
+    wait_until(lambda: blocked_on(lock_path(cache_dir, key, data)) == 1, "the second fetch to wait for the lock")
     os.kill(victim.pid, signal.SIGKILL)
     assert results.get(timeout=WAIT_SECONDS) is True
     join_all([victim, waiter])
     assert downloads(counter) == [key, key]
-    assert temporaries(cache_dir) == [] and os.listdir(cache_dir) == [object_name(key)]
+    assert temporaries(cache_dir) == [] and os.listdir(cache_dir) == [name(key, data)]
 
 
 # --- corrupt downloads ----------------------------------------------------------------------------------
@@ -245,6 +254,15 @@ def test_a_cached_file_of_the_wrong_size_is_downloaded_again(tmp_path: Path) -> 
     assert Path(path).read_bytes() == data and downloads(counter) == [key, key]
 
 
+def test_an_object_replaced_under_the_same_key_is_not_served_from_the_cache(tmp_path: Path) -> None:
+    """A rewritten dataset keeps its URLs: a new CRC32C for a key (same size) is a new object."""
+    cache_dir, counter, key, old, new = tmp_path / "cache", tmp_path / "downloads", "s3://b/k", payload(9), payload(10)
+    cache = NodeCache(str(cache_dir))
+    cache.fetch(key, len(old), crc32c(old), downloader(key, old, counter))
+    path = cache.fetch(key, len(new), crc32c(new), downloader(key, new, counter))
+    assert Path(path).read_bytes() == new and downloads(counter) == [key, key]
+
+
 # --- eviction --------------------------------------------------------------------------------------------
 
 
@@ -256,7 +274,7 @@ def fetch_all(cache: NodeCache, keys: str, counter: Path, size: int = 100) -> No
 
 
 def cached_keys(cache_dir: Path, keys: str) -> str:
-    return "".join(key for key in keys if (cache_dir / object_name(key)).exists())
+    return "".join(key for key in keys if (cache_dir / letter_name(key, 400 if key.isupper() else 100)).exists())
 
 
 def test_eviction_keeps_the_limit_and_removes_the_least_recently_fetched_first(tmp_path: Path) -> None:
@@ -319,7 +337,7 @@ def test_eviction_in_another_process_spares_a_download_in_progress(tmp_path: Pat
         assert started.wait(timeout=WAIT_SECONDS)
         in_progress = temporaries(cache_dir)
         evicted = cache.evict(needed_bytes=10_000)
-        assert sorted(evicted) == sorted(str(cache_dir / object_name(key)) for key in "pq")
+        assert sorted(evicted) == sorted(str(cache_dir / letter_name(key)) for key in "pq")
         assert temporaries(cache_dir) == in_progress
     finally:
         finish.set()
@@ -332,8 +350,8 @@ def test_eviction_skips_an_object_whose_lock_is_held(tmp_path: Path) -> None:
     cache_dir, counter = tmp_path / "cache", tmp_path / "downloads"
     cache = NodeCache(str(cache_dir), limit_bytes=1000)
     fetch_all(cache, "pq", counter)
-    with WriterLock(lock_path(cache_dir, "p"), "test"):  # flock is per open file: as good as another process
-        assert cache.evict(needed_bytes=10_000) == [str(cache_dir / object_name("q"))]
+    with WriterLock(str(cache_dir / letter_name("p")) + LOCK_SUFFIX, "test"):  # flock is per open file: as good as another process
+        assert cache.evict(needed_bytes=10_000) == [str(cache_dir / letter_name("q"))]
     assert cached_keys(cache_dir, "pq") == "p"
 
 
@@ -363,7 +381,7 @@ def test_eviction_removes_the_temporaries_of_dead_downloads(tmp_path: Path, spaw
     join_all([victim])
     stale = temporaries(cache_dir)
     assert len(stale) == 1
-    Path(lock_path(cache_dir, "killed before its download began")).touch()
+    Path(lock_path(cache_dir, "killed before its download began", data)).touch()
     assert NodeCache(str(cache_dir)).evict() == [str(cache_dir / stale[0])]
     assert os.listdir(cache_dir) == []  # the lock files of dead holders went too
 
@@ -377,15 +395,15 @@ HOSTILE_KEYS = ["../../etc/passwd", "/etc/passwd", "", ".", "..", "a/..", "x/.va
 def test_hostile_keys_get_distinct_hashed_names_inside_the_cache(tmp_path: Path) -> None:
     cache_dir = tmp_path / "cache"
     cache = NodeCache(str(cache_dir))
-    names = [object_name(key) for key in HOSTILE_KEYS]
+    names = [object_name(key, 100, 0) for key in HOSTILE_KEYS]
     assert len(set(names)) == len(names)
-    for name in names:
-        assert "/" not in name and "." not in name and name[:32].isalnum() and len(name) <= 32 + 1 + 40
+    for file_name in names:
+        assert "/" not in file_name and "." not in file_name and file_name[:32].isalnum() and len(file_name) <= 32 + 1 + 40
     assert names[-1].endswith("-shard-00000_data")
     data = payload(8)
     path = cache.fetch("../../etc/passwd", len(data), crc32c(data), lambda temporary: Path(temporary).write_bytes(data))
     assert os.path.dirname(path) == str(cache_dir)
-    assert sorted(p.name for p in tmp_path.rglob("*")) == sorted(["cache", names[0]])
+    assert sorted(p.name for p in tmp_path.rglob("*")) == sorted(["cache", name("../../etc/passwd", data)])
 
 
 def test_default_cache_dir_prefers_varstore_cache_dir_then_xdg_then_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

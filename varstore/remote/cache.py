@@ -52,10 +52,13 @@ def default_cache_dir() -> str:
     return os.path.join(base, "varstore")
 
 
-def object_name(key: str) -> str:
-    """The file name of `key`'s object: a hash of the key, so that no key names a path outside the cache,
-    then the key's last component reduced to letters, digits, '_' and '-' for people reading the directory."""
-    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:_DIGEST_HEX_DIGITS]
+def object_name(key: str, size: int, crc32c: int) -> str:
+    """The file name of object `key` of `size` bytes with CRC32C `crc32c`: a hash of all three, so that no
+    key names a path outside the cache and an object replaced under the same key (a rewritten dataset) is a
+    new file, never the old one; then the key's last component reduced to letters, digits, '_' and '-' for
+    people reading the directory."""
+    identity = f"{key}\0{size}\0{crc32c}".encode("utf-8", "surrogatepass")
+    digest = hashlib.sha256(identity).hexdigest()[:_DIGEST_HEX_DIGITS]
     tail = re.sub(r"[^A-Za-z0-9_-]", "_", key.rstrip("/").rsplit("/", 1)[-1])[-_READABLE_TAIL_CHARACTERS:]
     return f"{digest}-{tail}" if tail else digest
 
@@ -82,7 +85,7 @@ class NodeCache:
         raises `StorageError` and caches nothing. A cached file is trusted if its size is right: its CRC
         was checked when it arrived, and readers check their records' own checksums.
         """
-        final = os.path.join(self.directory, object_name(key))
+        final = os.path.join(self.directory, object_name(key, size, crc32c))
         if _use_if_cached(final, size):
             return final
         with _lock_waiting(final + LOCK_SUFFIX, f"cached object {key}"):
