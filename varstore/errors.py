@@ -39,7 +39,8 @@ class ShardExistsError(VarstoreError, FileExistsError):
 
 
 class StorageError(VarstoreError):
-    """The operating system failed a read, write, fsync or rename (disk full, I/O error, ...)."""
+    """The operating system or an object store failed a read, write, fsync, rename or request (disk full, I/O
+    error, a connection reset, ...)."""
 
 
 class RecordTypeError(VarstoreError, TypeError):

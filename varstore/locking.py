@@ -178,6 +178,26 @@ def lock_shard(prefix: str) -> WriterLock:
     return WriterLock(shard_lock_path(prefix), f"shard {prefix}")
 
 
+def lock_waiting(path: str, what: str) -> WriterLock:
+    """`WriterLock(path, what)`, waiting while another process or thread holds it: a blocking shared flock
+    on the held file returns as soon as the holder releases it or dies."""
+    while True:
+        try:
+            return WriterLock(path, what)
+        except ConcurrentWriterError:
+            pass
+        try:
+            fd = os.open(path, os.O_RDONLY | _OPEN_FLAGS)
+        except FileNotFoundError:
+            continue  # released (and unlinked) meanwhile
+        except OSError as error:
+            raise _open_error(error, f"cannot wait for the lock of {what}", path) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        finally:
+            os.close(fd)
+
+
 def is_locked(path: str) -> bool:
     """Whether a live writer holds the lock file `path` (for cleanup that must not touch a live writer's files)."""
     try:

@@ -20,7 +20,6 @@ downloads it.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import mmap
 import os
@@ -31,7 +30,7 @@ from typing import Callable
 
 from ..checksum import crc32c_of_range
 from ..errors import ConcurrentWriterError, StorageError, VarstoreError
-from ..locking import _OPEN_FLAGS, LOCK_SUFFIX, WriterLock, directory_lock_path
+from ..locking import LOCK_SUFFIX, WriterLock, directory_lock_path, lock_waiting
 from ..storage import TEMP_MARK, make_directories, publish, remove_quietly, storage_error, temporary_path
 
 _DIGEST_HEX_DIGITS = 32
@@ -88,7 +87,7 @@ class NodeCache:
         final = os.path.join(self.directory, object_name(key, size, crc32c))
         if _use_if_cached(final, size):
             return final
-        with _lock_waiting(final + LOCK_SUFFIX, f"cached object {key}"):
+        with lock_waiting(final + LOCK_SUFFIX, f"cached object {key}"):
             if _use_if_cached(final, size):
                 return final  # another process downloaded it while this one waited
             remove_quietly([final, *self._temporaries_of(final)])  # a wrong-sized file, dead downloads
@@ -107,7 +106,7 @@ class NodeCache:
     def evict(self, needed_bytes: int = 0) -> list[str]:
         """Unlink least-recently-used objects until the rest and `needed_bytes` fit the limit, skipping any
         whose lock a fetch holds, and remove the temporaries of dead downloads. Returns the removed paths."""
-        with _lock_waiting(directory_lock_path(self.directory), f"cache {self.directory}"):
+        with lock_waiting(directory_lock_path(self.directory), f"cache {self.directory}"):
             return self._evict_holding_cache_lock(needed_bytes)
 
     def _publish(self, temporary: str, final: str, size: int) -> None:
@@ -118,7 +117,7 @@ class NodeCache:
             if self.limit_bytes is None:
                 publish([(temporary, final)], overwrite=True)
                 return
-            with _lock_waiting(directory_lock_path(self.directory), f"cache {self.directory}"):
+            with lock_waiting(directory_lock_path(self.directory), f"cache {self.directory}"):
                 self._evict_holding_cache_lock(size)
                 publish([(temporary, final)], overwrite=True)
         except OSError as error:
@@ -263,26 +262,6 @@ def _crc32c_of_file(fd: int, size: int) -> int:
         return crc32c_of_range(b"", 0, 0)
     with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mapped:
         return crc32c_of_range(mapped, 0, size)
-
-
-def _lock_waiting(path: str, what: str) -> WriterLock:
-    """`WriterLock(path, what)`, waiting while another process or thread holds it: a blocking shared flock
-    on the held file returns as soon as the holder releases it or dies."""
-    while True:
-        try:
-            return WriterLock(path, what)
-        except ConcurrentWriterError:
-            pass
-        try:
-            fd = os.open(path, os.O_RDONLY | _OPEN_FLAGS)
-        except FileNotFoundError:
-            continue  # released (and unlinked) meanwhile
-        except OSError as error:
-            raise storage_error(error, f"waiting for the lock of {what}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH)
-        finally:
-            os.close(fd)
 
 
 def _make_private_directory(directory: str) -> None:
