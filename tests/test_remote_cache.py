@@ -8,6 +8,7 @@ from __future__ import annotations
 import mmap
 import multiprocessing
 import os
+import random
 import signal
 import threading
 import time
@@ -17,7 +18,7 @@ from typing import Any, Callable
 import pytest
 
 from varstore.checksum import crc32c
-from varstore.errors import StorageError
+from varstore.errors import StorageError, VarstoreError
 from varstore.locking import LOCK_SUFFIX, WriterLock
 from varstore.remote.cache import NodeCache, default_cache_dir, object_name
 from varstore.storage import TEMP_MARK
@@ -346,13 +347,36 @@ def test_eviction_in_another_process_spares_a_download_in_progress(tmp_path: Pat
     assert cached_keys(cache_dir, "pqx") == "x"
 
 
-def test_eviction_skips_an_object_whose_lock_is_held(tmp_path: Path) -> None:
+def test_eviction_neither_waits_for_nor_spares_a_published_object_whose_lock_is_held(tmp_path: Path) -> None:
+    """A held lock on an object that has a final file is a fetch that waited and is re-checking it: sparing it
+    would let the cache pass its limit, and the caller of a fetch opens the path at once anyway."""
     cache_dir, counter = tmp_path / "cache", tmp_path / "downloads"
     cache = NodeCache(str(cache_dir), limit_bytes=1000)
     fetch_all(cache, "pq", counter)
     with WriterLock(str(cache_dir / letter_name("p")) + LOCK_SUFFIX, "test"):  # flock is per open file: as good as another process
-        assert cache.evict(needed_bytes=10_000) == [str(cache_dir / letter_name("q"))]
-    assert cached_keys(cache_dir, "pq") == "p"
+        assert sorted(cache.evict(needed_bytes=10_000)) == sorted(str(cache_dir / letter_name(key)) for key in "pq")
+    assert cached_keys(cache_dir, "pq") == ""
+
+
+def test_objects_hit_while_eviction_runs_are_still_evicted_when_room_is_needed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hits refresh mtimes without a lock; eviction used to spare any object touched after it listed them,
+    and publish anyway (10,000-byte objects under a 25,000-byte limit reached 40,000). Here every object is
+    hit right after each listing."""
+    cache_dir, counter = tmp_path / "cache", tmp_path / "downloads"
+    cache = NodeCache(str(cache_dir), limit_bytes=250)
+    fetch_all(cache, "ab", counter)
+    list_objects = NodeCache._objects
+
+    def list_then_hit_all(self: NodeCache) -> Any:
+        listed = list_objects(self)
+        for entry in os.scandir(self.directory):
+            if "." not in entry.name:
+                os.utime(entry.path)
+        return listed
+
+    monkeypatch.setattr(NodeCache, "_objects", list_then_hit_all)
+    fetch_all(cache, "cd", counter)  # checks the limit after each fetch
+    assert len(cached_keys(cache_dir, "abcd")) == 2 and cached_keys(cache_dir, "d") == "d"
 
 
 def test_downloads_finishing_together_do_not_overshoot_the_limit(tmp_path: Path, spawn: Any) -> None:
@@ -428,3 +452,175 @@ def test_a_new_cache_directory_is_private_and_an_existing_one_keeps_its_mode(tmp
     shared.chmod(0o775)
     NodeCache(str(shared))
     assert shared.stat().st_mode & 0o777 == 0o775
+
+
+# --- issue 12 attack findings: full disks, junk entries, overshoot, clocks, arguments, other users ----------
+
+
+def test_on_a_full_disk_eviction_frees_space_and_the_next_fetch_succeeds(tmp_path: Path) -> None:
+    """Every cache lock used to write its holder's pid: on a full disk that failed, so nothing could be evicted."""
+    from tests.helpers_tmpfs import fill, mounted_tmpfs
+
+    with mounted_tmpfs(1 << 20) as root:
+        cache_dir, counter = root / "cache", tmp_path / "downloads"
+        fetch_all(NodeCache(str(cache_dir)), "abcd", counter, size=100_000)
+        fill(root)
+        cache = NodeCache(str(cache_dir), limit_bytes=200_000)
+        evicted = cache.evict()
+        assert sorted(evicted) == sorted(str(cache_dir / letter_name(key, 100_000)) for key in "ab")
+        fill(root)
+        fetch_all(cache, "e", counter, size=100_000)
+        assert cached_keys_of_size(cache_dir, "abcde", 100_000) == "de"
+
+
+def cached_keys_of_size(cache_dir: Path, keys: str, size: int) -> str:
+    return "".join(key for key in keys if (cache_dir / letter_name(key, size)).exists())
+
+
+def test_a_download_that_fills_the_disk_raises_storage_error_naming_the_key_and_caches_nothing(tmp_path: Path) -> None:
+    from tests.helpers_tmpfs import mounted_tmpfs
+
+    with mounted_tmpfs(1 << 20) as root:
+        cache_dir, data = root / "cache", payload(3, 2_000_000)
+        with pytest.raises(StorageError, match="s3://b/big") as raised:
+            NodeCache(str(cache_dir)).fetch("s3://b/big", len(data), crc32c(data),
+                                            downloader("s3://b/big", data, tmp_path / "downloads"))
+        assert "No space left" in str(raised.value)
+        assert os.listdir(cache_dir) == []
+
+
+def plant(path: str, kind: str) -> None:
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "symlink":
+        os.symlink("/etc/passwd", path)
+    else:
+        os.mkdir(path)
+        Path(path, "inside").touch()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "directory"])
+def test_junk_at_object_lock_paths_does_not_stop_fetches_of_other_keys_and_is_removed(tmp_path: Path, kind: str) -> None:
+    """Junk at the lock path of a cached object, of an object never fetched and of the next object fetched: each
+    is removed with the cache-wide lock held (so no fetch can be creating a real lock file there meanwhile)
+    and fetches go on."""
+    cache_dir, counter = tmp_path / "cache", tmp_path / "downloads"
+    cache = NodeCache(str(cache_dir), limit_bytes=200)
+    fetch_all(cache, "ab", counter)
+    junk = [str(cache_dir / object_name(key, 100, crc32c(payload(ord(key))))) + LOCK_SUFFIX for key in "ac"]
+    junk.append(str(cache_dir / object_name("never", 5, 0)) + LOCK_SUFFIX)
+    for path in junk:
+        plant(path, kind)
+    fetch_all(cache, "cd", counter)
+    assert cached_keys(cache_dir, "abcd") == "cd"
+    assert not any(os.path.lexists(path) for path in junk)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "directory"])
+def test_junk_at_the_cache_lock_path_is_refused_as_a_broken_cache_naming_it(tmp_path: Path, kind: str) -> None:
+    cache_dir, counter = tmp_path / "cache", tmp_path / "downloads"
+    cache = NodeCache(str(cache_dir), limit_bytes=200)
+    plant(str(cache_dir / LOCK_SUFFIX), kind)
+    with pytest.raises(StorageError, match="not a lock file") as raised:
+        fetch_all(cache, "a", counter)
+    assert str(cache_dir / LOCK_SUFFIX) in str(raised.value)
+    with pytest.raises(StorageError, match="not a lock file"):
+        cache.evict()
+
+
+def test_a_directory_left_at_the_temporary_name_is_removed_and_nothing_claims_it_later(tmp_path: Path) -> None:
+    cache_dir, data = tmp_path / "cache", payload(5)
+    cache = NodeCache(str(cache_dir), limit_bytes=1000)
+
+    def make_a_directory(temporary: str) -> None:
+        os.mkdir(temporary)
+        Path(temporary, "part").write_bytes(data)
+
+    with pytest.raises(StorageError, match="not a regular file"):
+        cache.fetch("k", len(data), crc32c(data), make_a_directory)
+    assert os.listdir(cache_dir) == []
+    stale = str(cache_dir / name("k", data)) + TEMP_MARK + "0123456789ab"
+    plant(stale, "directory")
+    assert cache.evict() == [stale]
+    assert os.listdir(cache_dir) == []
+
+
+def hit_until(cache_dir: Path, keys: str, limit: int, stop: Any) -> None:
+    cache, counter = NodeCache(str(cache_dir), limit_bytes=limit), cache_dir.parent / "downloads"
+    while not stop.is_set():
+        fetch_without_checking(cache, keys, counter)
+
+
+def fetch_many(cache_dir: Path, keys: str, limit: int) -> None:
+    """Fetch `keys` in a shuffled order, many times over: misses, hits and evictions all the way."""
+    fetch_without_checking(NodeCache(str(cache_dir), limit_bytes=limit),
+                           "".join(random.Random(os.getpid()).choices(keys, k=150)), cache_dir.parent / "downloads")
+
+
+def fetch_without_checking(cache: NodeCache, keys: str, counter: Path) -> None:
+    for key in keys:
+        data = payload(ord(key), 10_000)
+        cache.fetch(key, len(data), crc32c(data), downloader(key, data, counter))
+
+
+def total_cached(cache_dir: Path) -> int:
+    total = 0
+    for entry in os.scandir(cache_dir):
+        if "." not in entry.name:
+            try:
+                total += entry.stat(follow_symlinks=False).st_size
+            except FileNotFoundError:
+                pass
+    return total
+
+
+def test_hits_racing_new_fetches_never_push_the_cache_past_its_limit(tmp_path: Path, spawn: Any) -> None:
+    """Hits refresh mtimes without a lock; eviction used to skip any object touched since it listed them and
+    publish anyway: 10,000-byte objects under a 25,000-byte limit reached 40,000."""
+    cache_dir, limit = tmp_path / "cache", 25_000
+    NodeCache(str(cache_dir), limit_bytes=limit)
+    stop = FORK.Event()
+    hitters = [spawn(hit_until, cache_dir, keys, limit, stop) for keys in ("ab", "ab", "ba")]
+    fetchers = [spawn(fetch_many, cache_dir, "cdefghijklmnopqrst", limit) for _ in range(3)]
+    largest = 0
+    deadline = time.monotonic() + WAIT_SECONDS
+    try:
+        while any(fetcher.is_alive() for fetcher in fetchers) and time.monotonic() < deadline:
+            largest = max(largest, total_cached(cache_dir))
+    finally:
+        stop.set()
+    join_all(fetchers + hitters)
+    assert [process.exitcode for process in fetchers + hitters] == [0] * 6
+    assert largest <= limit
+
+
+def test_an_object_dated_in_the_future_is_evicted_in_its_turn(tmp_path: Path) -> None:
+    """A clock stepped back (or `cp -p` from elsewhere) used to pin an object as forever the newest."""
+    cache_dir, counter = tmp_path / "cache", tmp_path / "downloads"
+    cache = NodeCache(str(cache_dir), limit_bytes=200)
+    fetch_all(cache, "a", counter)
+    tomorrow = time.time_ns() + 86_400 * 10**9
+    os.utime(cache_dir / letter_name("a"), ns=(tomorrow, tomorrow))
+    fetch_all(cache, "bcd", counter)
+    assert cached_keys(cache_dir, "abcd") == "cd"
+
+
+@pytest.mark.parametrize("size, crc", [(-1, 0), (1.0, 0), (True, 0), ("1", 0), (1, -1), (1, 2**32), (1, 0.5), (1, None)])
+def test_a_bad_size_or_crc_is_refused_before_anything_is_created(tmp_path: Path, size: Any, crc: Any) -> None:
+    cache_dir, counter = tmp_path / "cache", tmp_path / "downloads"
+    cache = NodeCache(str(cache_dir), limit_bytes=1000)
+    with pytest.raises(VarstoreError, match="size|CRC32C"):
+        cache.fetch("k", size, crc, downloader("k", b"x", counter))
+    assert os.listdir(cache_dir) == [] and downloads(counter) == []
+
+
+def test_an_object_owned_by_another_user_is_refused_as_a_shared_cache(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("giving a file to another user needs root")
+    cache_dir, counter, data = tmp_path / "cache", tmp_path / "downloads", payload(1)
+    cache = NodeCache(str(cache_dir))
+    path = cache.fetch("k", len(data), crc32c(data), downloader("k", data, counter))
+    os.chown(path, 54321, 54321)
+    with pytest.raises(StorageError, match="another user") as raised:
+        cache.fetch("k", len(data), crc32c(data), downloader("k", data, counter))
+    assert path in str(raised.value) and "shared" in str(raised.value)

@@ -8,11 +8,24 @@ to a temporary name, checks the expected size and CRC32C, fsyncs and renames. So
 holds verified bytes, and a crash leaves at most a temporary file, removed by the next fetch of that
 object or the next eviction once no live downloader holds its lock.
 
-Eviction unlinks final files oldest mtime first (a fetch that finds its object refreshes the mtime),
-never one whose lock is held. A process that has the file open or mapped keeps reading it: the inode
-lives until its last reference goes. A path `fetch` returned can still be evicted before the caller opens
-it when the limit is smaller than what the node's processes use at once: open it at once, and fetch again
-if it is gone.
+Eviction unlinks final files oldest mtime first (a fetch that finds its object refreshes the mtime; an
+mtime later than now, from a clock stepped back or a `cp -p`, is set to now so that the file ages like the
+rest). It runs with the cache-wide lock held, as does every publish, so when a download is named the final
+files total at most the limit, except that one object larger than the limit is kept alone. A download in
+progress is never touched: it has no final name until it is published. A process that has a file open or
+mapped keeps reading it: the inode lives until its last reference goes. A path `fetch` returned can still
+be evicted before the caller opens it when the limit is smaller than what the node's processes use at
+once: open it at once, and fetch again if it is gone.
+
+The cache's locks do not record their holder (a `WriterLock` writes its pid): on a full disk that write
+fails, and eviction must still run there to free space.
+
+The cache is per user. It trusts its directory, which is why a new one is created mode 0o700: a file of
+the right size under an object's name is served. A directory shared between users is not supported: a
+fetch that finds another user's file under an object's name raises `StorageError` saying so. Anything
+that is not a regular file where the cache keeps lock or temporary files (a FIFO, a symlink, a directory)
+is removed by the next eviction; one at the cache-wide lock path means a broken cache directory and is
+refused with an error naming it.
 
 The cache knows nothing about URLs: a key is any string, and the caller passes the function that
 downloads it.
@@ -20,18 +33,22 @@ downloads it.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import mmap
+import operator
 import os
 import re
+import shutil
 import stat
 import time
 from typing import Callable
 
 from ..checksum import crc32c_of_range
 from ..errors import ConcurrentWriterError, StorageError, VarstoreError
-from ..locking import LOCK_SUFFIX, WriterLock, directory_lock_path, lock_waiting
-from ..storage import TEMP_MARK, make_directories, publish, remove_quietly, storage_error, temporary_path
+from ..locking import LOCK_SUFFIX, WriterLock, directory_lock_path
+from ..storage import TEMP_MARK, make_directories, publish, storage_error, temporary_path
 
 _DIGEST_HEX_DIGITS = 32
 _READABLE_TAIL_CHARACTERS = 40
@@ -80,34 +97,57 @@ class NodeCache:
         """The local path of object `key`, which must be `size` bytes with CRC32C `crc32c`.
 
         If no process on this node has it yet, `download(temporary_path)` writes it (once per node: others
-        fetching it meanwhile wait, then use it). A download that is not `size` bytes with that CRC32C
-        raises `StorageError` and caches nothing. A cached file is trusted if its size is right: its CRC
-        was checked when it arrived, and readers check their records' own checksums.
+        fetching it meanwhile wait, then use it). A download that is not `size` bytes with that CRC32C, or
+        that fails with an `OSError` (a full disk), raises `StorageError` naming the key and caches nothing.
+        A cached file is trusted if its size is right: its CRC was checked when it arrived, and readers
+        check their records' own checksums.
         """
+        size, crc32c = _checked_expectations(key, size, crc32c)
         final = os.path.join(self.directory, object_name(key, size, crc32c))
         if _use_if_cached(final, size):
             return final
-        with lock_waiting(final + LOCK_SUFFIX, f"cached object {key}"):
+        with self._lock_object(final, key):
             if _use_if_cached(final, size):
                 return final  # another process downloaded it while this one waited
-            remove_quietly([final, *self._temporaries_of(final)])  # a wrong-sized file, dead downloads
+            for stale in [final, *self._temporaries_of(final)]:  # a wrong-sized file, dead downloads
+                _remove_entry(stale)
             if self.limit_bytes is not None:
                 self.evict(size)
             temporary = temporary_path(final)
             try:
-                download(temporary)
+                _download(download, temporary, key)
                 _verify_and_sync(temporary, key, size, crc32c)
                 self._publish(temporary, final, size)
             except BaseException:
-                remove_quietly([temporary])
+                _remove_entry(temporary)
                 raise
         return final
 
     def evict(self, needed_bytes: int = 0) -> list[str]:
-        """Unlink least-recently-used objects until the rest and `needed_bytes` fit the limit, skipping any
-        whose lock a fetch holds, and remove the temporaries of dead downloads. Returns the removed paths."""
-        with lock_waiting(directory_lock_path(self.directory), f"cache {self.directory}"):
+        """Unlink least-recently-used objects until the rest and `needed_bytes` fit the limit (or none is
+        left), and remove the temporaries of dead downloads. Returns the paths it removed."""
+        with self._lock_cache():
             return self._evict_holding_cache_lock(needed_bytes)
+
+    def _lock_object(self, final: str, key: str) -> WriterLock:
+        """The lock of the object whose final path is `final`, waiting for another holder. Anything but a
+        regular file at its path is removed first, with the cache lock held (see `_remove_dead_downloads`)."""
+        path = final + LOCK_SUFFIX
+        if _is_planted(path):
+            with self._lock_cache():
+                _remove_unless_regular(path)
+        return _lock_waiting(path, f"cached object {key}")
+
+    def _lock_cache(self) -> WriterLock:
+        """The cache-wide lock, held by eviction and publishing; waits for another holder."""
+        path = directory_lock_path(self.directory)
+        if _is_planted(path):
+            raise StorageError(
+                "is not a lock file (a FIFO, symbolic link or directory): the cache directory is broken; "
+                "remove it (no varstore process needs it)",
+                path=path,
+            )
+        return _lock_waiting(path, f"cache {self.directory}")
 
     def _publish(self, temporary: str, final: str, size: int) -> None:
         """Name the verified download, dated now; under a limit, first evict for it with the cache locked, so
@@ -117,57 +157,74 @@ class NodeCache:
             if self.limit_bytes is None:
                 publish([(temporary, final)], overwrite=True)
                 return
-            with lock_waiting(directory_lock_path(self.directory), f"cache {self.directory}"):
+            with self._lock_cache():
                 self._evict_holding_cache_lock(size)
                 publish([(temporary, final)], overwrite=True)
         except OSError as error:
             raise storage_error(error, "naming a downloaded object") from None
 
     def _evict_holding_cache_lock(self, needed_bytes: int) -> list[str]:
+        """Final files appear only by publishing, which holds the cache lock as this does, so none appears
+        meanwhile: once the total fits, it stays within the limit until this returns. No object lock is
+        taken: an object's lock is held while it is downloaded, when it has no final file."""
         removed = self._remove_dead_downloads()
         if self.limit_bytes is None:
             return removed
         objects = sorted(self._objects())
-        total = sum(size for _, _, size, _ in objects)
-        for mtime_ns, name, size, inode in objects:
+        total = sum(size for _, _, size in objects)
+        for _, name, size in objects:
             if total + needed_bytes <= self.limit_bytes:
                 break
             path = os.path.join(self.directory, name)
-            if _remove_unless_in_use(path, inode, mtime_ns):
-                total -= size
+            try:
+                os.unlink(path)
                 removed.append(path)
+            except FileNotFoundError:
+                pass  # a fetch removed it (it had the wrong size)
+            except OSError as error:
+                raise storage_error(error, "evicting a cached object") from None
+            total -= size
         return removed
 
-    def _objects(self) -> list[tuple[int, str, int, int]]:
-        """(mtime_ns, name, size, inode) of each final object file."""
+    def _objects(self) -> list[tuple[int, str, int]]:
+        """(mtime_ns, name, size) of each final object file; an mtime later than now is set to now."""
         found = []
+        now = time.time_ns()
         for name in self._names():
             if _OBJECT_NAME.fullmatch(name):
+                path = os.path.join(self.directory, name)
                 try:
-                    status = os.lstat(os.path.join(self.directory, name))
+                    status = os.lstat(path)
                 except FileNotFoundError:
                     continue
-                if stat.S_ISREG(status.st_mode):
-                    found.append((status.st_mtime_ns, name, status.st_size, status.st_ino))
+                if not stat.S_ISREG(status.st_mode):
+                    continue
+                if status.st_mtime_ns > now:
+                    with contextlib.suppress(StorageError):
+                        _mark_used(path)
+                found.append((min(status.st_mtime_ns, now), name, status.st_size))
         return found
 
     def _remove_dead_downloads(self) -> list[str]:
-        """Remove the temporary files and lock files of objects whose lock no process holds: their downloader
-        died (taking the lock and releasing it unlinks the lock file)."""
+        """Remove the temporaries and lock files of objects whose lock no process holds: their downloader died
+        (taking the lock and releasing it unlinks the lock file). Anything but a regular file at a lock path
+        is removed first: with the cache lock held no other process removes it, so no fetch can be creating
+        a real lock file there meanwhile."""
         removed: list[str] = []
         names = self._names()
         finals = {name.split(TEMP_MARK)[0] for name in names if TEMP_MARK in name}
         finals.update(name[: -len(LOCK_SUFFIX)] for name in names if name.endswith(LOCK_SUFFIX))
         for final in sorted(name for name in finals if _OBJECT_NAME.fullmatch(name)):
             final_path = os.path.join(self.directory, final)
+            _remove_unless_regular(final_path + LOCK_SUFFIX)
             try:
-                lock = WriterLock(final_path + LOCK_SUFFIX, f"cached object {final}")
+                lock = _CacheLock(final_path + LOCK_SUFFIX, f"cached object {final}")
             except ConcurrentWriterError:
                 continue  # a live download
+            except StorageError:
+                continue  # junk that could not be removed: leave this object's temporaries to a later eviction
             with lock:
-                temporaries = self._temporaries_of(final_path)
-                remove_quietly(temporaries)
-            removed.extend(temporaries)
+                removed.extend(path for path in self._temporaries_of(final_path) if _remove_entry(path))
         return removed
 
     def _temporaries_of(self, final: str) -> list[str]:
@@ -181,15 +238,108 @@ class NodeCache:
             raise storage_error(error, "listing the cache") from None
 
 
+class _CacheLock(WriterLock):
+    """A `WriterLock` that leaves its lock file empty: writing the holder's pid fails on a full disk, where
+    eviction must still run, and nothing reports a cache lock's holder (fetches wait, eviction skips)."""
+
+    def _open(self) -> int:
+        fd = super()._open()
+        self._writable = False
+        return fd
+
+
+def _lock_waiting(path: str, what: str) -> _CacheLock:
+    """`varstore.locking.lock_waiting` for a `_CacheLock`: take it, waiting while another process holds it."""
+    while True:
+        try:
+            return _CacheLock(path, what)
+        except ConcurrentWriterError:
+            pass
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue  # released (and unlinked) meanwhile
+        except OSError as error:
+            raise storage_error(error, f"waiting for the lock of {what}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        finally:
+            os.close(fd)
+
+
+def _checked_expectations(key: str, size: int, crc32c: int) -> tuple[int, int]:
+    """`size` and `crc32c` as ints, or `VarstoreError` naming `key` unless they are a byte count and a CRC32C."""
+    if not isinstance(key, str):
+        raise VarstoreError(f"a cache key is a string, not {type(key).__name__}")
+    checked_size, checked_crc = _integer_or_none(size), _integer_or_none(crc32c)
+    if checked_size is None or checked_size < 0:
+        raise VarstoreError(f"the expected size must be an int of at least 0 bytes, not {size!r}", path=key)
+    if checked_crc is None or not 0 <= checked_crc < 2**32:
+        raise VarstoreError(f"the expected CRC32C must be an int from 0 to 2**32 - 1, not {crc32c!r}", path=key)
+    return checked_size, checked_crc
+
+
+def _integer_or_none(value: object) -> int | None:
+    """`value` as an int if it is an integer (numpy's included) other than a bool."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
 def _use_if_cached(final: str, size: int) -> bool:
-    """Whether `final` is a regular file of `size` bytes; if so, mark it used now (LRU order is mtime order)."""
+    """Whether `final` is a regular file of `size` bytes; if so, mark it used now (LRU order is mtime order).
+    Another user's file there is refused: the cache is per user."""
     try:
         status = os.lstat(final)
     except FileNotFoundError:
         return False
     except OSError as error:
         raise storage_error(error, "looking up a cached object") from None
+    if status.st_uid != os.geteuid():
+        raise StorageError(
+            f"this cached object belongs to another user (uid {status.st_uid}, not {os.geteuid()}): a cache "
+            "directory shared between users is not supported; give each user their own (VARSTORE_CACHE_DIR)",
+            path=final,
+        )
     return stat.S_ISREG(status.st_mode) and status.st_size == size and _mark_used(final)
+
+
+def _download(download: Callable[[str], None], temporary: str, key: str) -> None:
+    try:
+        download(temporary)
+    except OSError as error:  # writing the temporary file failed (a full disk)
+        raise StorageError(f"downloading failed: {error.strerror or error}; nothing was cached", path=key) from None
+
+
+def _remove_entry(path: str) -> bool:
+    """Remove whatever `path` names (a directory with its contents; a symlink, not its target); whether it
+    removed something. Never raises."""
+    try:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+    except OSError:
+        return False
+    return True
+
+
+def _is_planted(path: str) -> bool:
+    """Whether something other than a regular file (a FIFO, symlink, directory) is at the lock path `path`."""
+    try:
+        return not stat.S_ISREG(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+    except OSError as error:
+        raise storage_error(error, "checking a lock file of the cache") from None
+
+
+def _remove_unless_regular(path: str) -> None:
+    if _is_planted(path):
+        _remove_entry(path)
 
 
 def _mark_used(path: str) -> bool:
@@ -200,30 +350,8 @@ def _mark_used(path: str) -> bool:
         os.utime(path, ns=(now, now), follow_symlinks=False)
     except FileNotFoundError:
         return False
-    except PermissionError:
-        pass  # another user's file in a shared cache: it stays where it is in the LRU order
     except OSError as error:
         raise storage_error(error, "marking a cached object used") from None
-    return True
-
-
-def _remove_unless_in_use(path: str, inode: int, mtime_ns: int) -> bool:
-    """Unlink the object at `path` unless a fetch holds its lock or used it since it was listed."""
-    try:
-        lock = WriterLock(path + LOCK_SUFFIX, f"cached object {os.path.basename(path)}")
-    except ConcurrentWriterError:
-        return False
-    with lock:
-        try:
-            status = os.lstat(path)
-        except FileNotFoundError:
-            return False
-        if (status.st_ino, status.st_mtime_ns) != (inode, mtime_ns):
-            return False
-        try:
-            os.unlink(path)
-        except OSError as error:
-            raise storage_error(error, "evicting a cached object") from None
     return True
 
 
@@ -237,7 +365,11 @@ def _verify_and_sync(temporary: str, key: str, size: int, crc32c: int) -> None:
     except OSError as error:
         raise storage_error(error, f"opening the download of {key}") from None
     try:
-        actual_size = os.fstat(fd).st_size
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            raise StorageError(f"the download of {key} left something that is not a regular file; nothing was cached",
+                               path=temporary)
+        actual_size = status.st_size
         if actual_size != size:
             raise StorageError(
                 f"downloaded {actual_size} bytes; expected {size} bytes with CRC32C {crc32c:#010x}; nothing was cached",
