@@ -10,6 +10,7 @@ import multiprocessing
 import os
 import random
 import signal
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -624,3 +625,27 @@ def test_an_object_owned_by_another_user_is_refused_as_a_shared_cache(tmp_path: 
     with pytest.raises(StorageError, match="another user") as raised:
         cache.fetch("k", len(data), crc32c(data), downloader("k", data, counter))
     assert path in str(raised.value) and "shared" in str(raised.value)
+
+
+def fetch_as_user(cache_dir: Path, uid: int, key: str, limit: int, results: Any) -> None:
+    os.setgid(uid)
+    os.setuid(uid)
+    data = payload(ord(key))
+    try:
+        NodeCache(str(cache_dir), limit_bytes=limit).fetch(key, len(data), crc32c(data), lambda temporary: Path(temporary).write_bytes(data))
+        results.put("fetched")
+    except Exception as error:
+        results.put(repr(error))
+
+
+def test_evicting_another_users_object_from_a_shared_sticky_directory_names_the_shared_cache(tmp_path: Path, spawn: Any) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("fetching as another user needs root")
+    with tempfile.TemporaryDirectory(dir="/tmp") as shared:  # tmp_path's parents are root's alone
+        cache_dir = Path(shared)
+        cache_dir.chmod(0o1777)
+        fetch_all(NodeCache(str(cache_dir)), "a", tmp_path / "downloads")  # root's; the other user must evict it for b
+        results = FORK.Queue()
+        join_all([spawn(fetch_as_user, cache_dir, 54321, "b", 100, results)])
+        outcome = results.get(timeout=WAIT_SECONDS)
+    assert "another user" in outcome and "shared" in outcome

@@ -181,6 +181,8 @@ class NodeCache:
                 removed.append(path)
             except FileNotFoundError:
                 pass  # a fetch removed it (it had the wrong size)
+            except PermissionError:
+                raise _shared_cache_error(path) from None  # another user's file in a sticky directory
             except OSError as error:
                 raise storage_error(error, "evicting a cached object") from None
             total -= size
@@ -299,12 +301,16 @@ def _use_if_cached(final: str, size: int) -> bool:
     except OSError as error:
         raise storage_error(error, "looking up a cached object") from None
     if status.st_uid != os.geteuid():
-        raise StorageError(
-            f"this cached object belongs to another user (uid {status.st_uid}, not {os.geteuid()}): a cache "
-            "directory shared between users is not supported; give each user their own (VARSTORE_CACHE_DIR)",
-            path=final,
-        )
+        raise _shared_cache_error(final)
     return stat.S_ISREG(status.st_mode) and status.st_size == size and _mark_used(final)
+
+
+def _shared_cache_error(path: str) -> StorageError:
+    return StorageError(
+        f"this cached object belongs to another user, not to uid {os.geteuid()}: a cache directory shared "
+        "between users is not supported; give each user their own (VARSTORE_CACHE_DIR)",
+        path=path,
+    )
 
 
 def _download(download: Callable[[str], None], temporary: str, key: str) -> None:
