@@ -10,9 +10,11 @@ object or the next eviction once no live downloader holds its lock.
 
 Eviction unlinks final files oldest mtime first (a fetch that finds its object refreshes the mtime; an
 mtime later than now, from a clock stepped back or a `cp -p`, is set to now so that the file ages like the
-rest). It runs with the cache-wide lock held, as does every publish, so when a download is named the final
-files total at most the limit, except that one object larger than the limit is kept alone. A download in
-progress is never touched: it has no final name until it is published. A process that has a file open or
+rest). It runs with the cache-wide lock held, and every publish under a limit first evicts, with that lock
+held, until the other final files and the new one fit. Hits add no bytes, so while all processes use the
+same limit the final files never total more than it, except that one object larger than the limit is kept
+alone (temporaries of downloads in progress are not counted). A download in progress is never touched: it
+has no final name until it is published. A process that has a file open or
 mapped keeps reading it: the inode lives until its last reference goes. A path `fetch` returned can still
 be evicted before the caller opens it when the limit is smaller than what the node's processes use at
 once: open it at once, and fetch again if it is gone.
@@ -24,7 +26,7 @@ The cache is per user. It trusts its directory, which is why a new one is create
 the right size under an object's name is served. A directory shared between users is not supported: a
 fetch that finds another user's file under an object's name raises `StorageError` saying so. Anything
 that is not a regular file where the cache keeps lock or temporary files (a FIFO, a symlink, a directory)
-is removed by the next eviction; one at the cache-wide lock path means a broken cache directory and is
+is removed by the next eviction or fetch of that object; one at the cache-wide lock path means a broken cache directory and is
 refused with an error naming it.
 
 The cache knows nothing about URLs: a key is any string, and the caller passes the function that
