@@ -55,7 +55,7 @@ class WriterLock:
     "dataset directory out/train".
     """
 
-    def __init__(self, path: str, what: str) -> None:
+    def __init__(self, path: str, what: str, *, record_holder: bool = True) -> None:
         self.path = path
         self._pid = os.getpid()
         self._fd = self._pending = -1
@@ -66,8 +66,8 @@ class WriterLock:
             if not isinstance(error, VarstoreError):  # an interrupt (Ctrl-C): leave no lock file behind
                 self._abandon()
             raise
-        if not self._writable:
-            return  # another user's file left by a dead writer: locked, but the holder stays unnamed
+        if not (self._writable and record_holder):
+            return  # another user's file left by a dead writer, or a lock nobody names (it must work on a full disk)
         try:
             os.ftruncate(self._fd, 0)
             os.pwrite(self._fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
@@ -178,12 +178,12 @@ def lock_shard(prefix: str) -> WriterLock:
     return WriterLock(shard_lock_path(prefix), f"shard {prefix}")
 
 
-def lock_waiting(path: str, what: str) -> WriterLock:
+def lock_waiting(path: str, what: str, *, record_holder: bool = True) -> WriterLock:
     """`WriterLock(path, what)`, waiting while another process or thread holds it: a blocking shared flock
     on the held file returns as soon as the holder releases it or dies."""
     while True:
         try:
-            return WriterLock(path, what)
+            return WriterLock(path, what, record_holder=record_holder)
         except ConcurrentWriterError:
             pass
         try:

@@ -36,7 +36,6 @@ downloads it.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import mmap
 import operator
@@ -49,7 +48,7 @@ from typing import Callable
 
 from ..checksum import crc32c_of_range
 from ..errors import ConcurrentWriterError, StorageError, VarstoreError
-from ..locking import LOCK_SUFFIX, WriterLock, directory_lock_path
+from ..locking import LOCK_SUFFIX, WriterLock, directory_lock_path, lock_waiting
 from ..storage import TEMP_MARK, make_directories, publish, storage_error, temporary_path
 
 _DIGEST_HEX_DIGITS = 32
@@ -138,7 +137,7 @@ class NodeCache:
         if _is_planted(path):
             with self._lock_cache():
                 _remove_unless_regular(path)
-        return _lock_waiting(path, f"cached object {key}")
+        return lock_waiting(path, f"cached object {key}", record_holder=False)
 
     def _lock_cache(self) -> WriterLock:
         """The cache-wide lock, held by eviction and publishing; waits for another holder."""
@@ -149,7 +148,7 @@ class NodeCache:
                 "remove it (no varstore process needs it)",
                 path=path,
             )
-        return _lock_waiting(path, f"cache {self.directory}")
+        return lock_waiting(path, f"cache {self.directory}", record_holder=False)
 
     def _publish(self, temporary: str, final: str, size: int) -> None:
         """Name the verified download, dated now; under a limit, first evict for it with the cache locked, so
@@ -222,7 +221,7 @@ class NodeCache:
             final_path = os.path.join(self.directory, final)
             _remove_unless_regular(final_path + LOCK_SUFFIX)
             try:
-                lock = _CacheLock(final_path + LOCK_SUFFIX, f"cached object {final}")
+                lock = WriterLock(final_path + LOCK_SUFFIX, f"cached object {final}", record_holder=False)
             except ConcurrentWriterError:
                 continue  # a live download
             except StorageError:
@@ -240,35 +239,6 @@ class NodeCache:
             return os.listdir(self.directory)
         except OSError as error:
             raise storage_error(error, "listing the cache") from None
-
-
-class _CacheLock(WriterLock):
-    """A `WriterLock` that leaves its lock file empty: writing the holder's pid fails on a full disk, where
-    eviction must still run, and nothing reports a cache lock's holder (fetches wait, eviction skips)."""
-
-    def _open(self) -> int:
-        fd = super()._open()
-        self._writable = False
-        return fd
-
-
-def _lock_waiting(path: str, what: str) -> _CacheLock:
-    """`varstore.locking.lock_waiting` for a `_CacheLock`: take it, waiting while another process holds it."""
-    while True:
-        try:
-            return _CacheLock(path, what)
-        except ConcurrentWriterError:
-            pass
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except FileNotFoundError:
-            continue  # released (and unlinked) meanwhile
-        except OSError as error:
-            raise storage_error(error, f"waiting for the lock of {what}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH)
-        finally:
-            os.close(fd)
 
 
 def _checked_expectations(key: str, size: int, crc32c: int) -> tuple[int, int]:
