@@ -11,14 +11,15 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.helpers_fault_proxy import FaultProxy, fault_proxy  # noqa: F401 - fault_proxy is a fixture
 from tests.helpers_s3 import S3Server
-from varstore.errors import MissingFileError, StorageError
+from varstore.errors import MissingFileError, StorageError, VarstoreError
 from varstore.remote.filesystems import (
     download_file,
     is_transient,
@@ -233,7 +234,7 @@ def test_backend_errors_are_classified_transient_or_permanent() -> None:
 def test_read_ranges_returns_exactly_the_bytes_of_each_range(ranges: list[tuple[int, int]], max_gap: int) -> None:
     wanted = [(start, min(start + length, len(DATA))) for start, length in ranges]
     fs = FakeFilesystem(DATA)
-    assert read_ranges(fs, "object", wanted, url="s3://b/k", max_gap=max_gap) == [DATA[s:e] for s, e in wanted]
+    assert read_ranges(fs, "object", wanted, url="s3://b/k", size=len(DATA), max_gap=max_gap) == [DATA[s:e] for s, e in wanted]
     requested = fs.calls[0] if fs.calls else []
     assert sum(end - start for start, end in requested) <= len(DATA)  # each byte fetched at most once
     assert len(fs.calls) <= 1
@@ -242,21 +243,64 @@ def test_read_ranges_returns_exactly_the_bytes_of_each_range(ranges: list[tuple[
 def test_near_ranges_share_a_request_and_far_ranges_do_not() -> None:
     fs = FakeFilesystem(DATA)
     wanted = [(9000, 9100), (0, 10), (20, 30), (29, 40), (5000, 5010)]  # unsorted, one overlap, gaps 10 and 4960
-    result = read_ranges(fs, "object", wanted, url="s3://b/k", max_gap=100)
+    result = read_ranges(fs, "object", wanted, url="s3://b/k", size=len(DATA), max_gap=100)
     assert result == [DATA[s:e] for s, e in wanted]
     assert fs.calls == [[(0, 40), (5000, 5010), (9000, 9100)]]
 
 
 def test_empty_ranges_need_no_request() -> None:
     fs = FakeFilesystem(DATA)
-    assert read_ranges(fs, "object", [(7, 7), (0, 0)], url="s3://b/k") == [b"", b""]
+    assert read_ranges(fs, "object", [(7, 7), (0, 0)], url="s3://b/k", size=len(DATA)) == [b"", b""]
     assert fs.calls == []
+
+
+@pytest.mark.parametrize(
+    "wanted",
+    [
+        [(len(DATA) - 10, len(DATA) + 10)],  # partly past the end
+        [(0, 10), (len(DATA) + 5, len(DATA) + 9)],  # one of several wholly past the end
+        [(0, 10**30)],  # huge
+        [(len(DATA) + 1, len(DATA) + 1)],  # empty, but past the end
+        [(-1, 10)],
+        [(10, 5)],
+    ],
+)
+def test_a_range_outside_the_object_is_refused_before_any_request(wanted: list[tuple[int, int]]) -> None:
+    fs = FakeFilesystem(DATA)
+    with pytest.raises(VarstoreError, match="s3://b/k.*not within the object's 16384 bytes") as raised:
+        read_ranges(fs, "object", wanted, url="s3://b/k", size=len(DATA), sleep=SleepRecorder())
+    assert not isinstance(raised.value, StorageError)  # the caller's mistake, not the store's
+    assert fs.calls == []
+
+
+@pytest.mark.parametrize("offset", [0.5, 1.0, True, False, "3", None])
+def test_a_range_offset_that_is_not_an_integer_is_refused_before_any_request(offset: object) -> None:
+    fs = FakeFilesystem(DATA)
+    for wanted in ([(offset, 10)], [(0, offset)]):
+        with pytest.raises(VarstoreError, match="s3://b/k.*must be an integer"):
+            read_ranges(fs, "object", wanted, url="s3://b/k", size=len(DATA))  # type: ignore[list-item]
+    assert fs.calls == []
+
+
+def test_numpy_integer_offsets_are_byte_offsets() -> None:
+    numpy = pytest.importorskip("numpy")
+    fs = FakeFilesystem(DATA)
+    start, end = numpy.uint64(10), numpy.int64(20)
+    assert read_range(fs, "object", start, end, url="s3://b/k", size=len(DATA)) == DATA[10:20]
+
+
+def test_the_whole_object_is_a_valid_range() -> None:
+    fs = FakeFilesystem(DATA)
+    assert read_ranges(fs, "object", [(0, len(DATA)), (len(DATA), len(DATA))], url="s3://b/k", size=len(DATA)) == [
+        DATA,
+        b"",
+    ]
 
 
 def test_a_short_body_is_retried_and_only_missing_spans_are_fetched_again() -> None:
     fs = FakeFilesystem(DATA, truncate_calls=1)
     sleep = SleepRecorder()
-    assert read_range(fs, "object", 100, 200, url="s3://b/k", sleep=sleep) == DATA[100:200]
+    assert read_range(fs, "object", 100, 200, url="s3://b/k", size=len(DATA), sleep=sleep) == DATA[100:200]
     assert fs.calls == [[(100, 200)], [(100, 200)]] and len(sleep.delays) == 1
 
 
@@ -268,7 +312,7 @@ def test_a_failed_span_is_fetched_again_and_the_good_ones_are_not() -> None:
 
     fs = OneSpanFails(DATA)
     wanted = [(0, 10), (8000, 8010)]
-    assert read_ranges(fs, "object", wanted, url="s3://b/k", max_gap=0, sleep=SleepRecorder()) == [
+    assert read_ranges(fs, "object", wanted, url="s3://b/k", size=len(DATA), max_gap=0, sleep=SleepRecorder()) == [
         DATA[0:10],
         DATA[8000:8010],
     ]
@@ -278,7 +322,7 @@ def test_a_failed_span_is_fetched_again_and_the_good_ones_are_not() -> None:
 def test_a_body_that_stays_short_is_a_storage_error_after_bounded_attempts() -> None:
     fs = FakeFilesystem(DATA, truncate_calls=99)
     with pytest.raises(StorageError, match="s3://b/k") as raised:
-        read_range(fs, "object", 0, 50, url="s3://b/k", sleep=SleepRecorder())
+        read_range(fs, "object", 0, 50, url="s3://b/k", size=len(DATA), sleep=SleepRecorder())
     assert len(fs.calls) == 5
     assert "came back as 49 bytes" in str(raised.value)
 
@@ -291,20 +335,22 @@ def test_a_permanent_failure_of_one_span_is_not_retried() -> None:
 
     fs = Mixed(DATA)
     with pytest.raises(StorageError, match="AccessDenied"):
-        read_ranges(fs, "object", [(0, 10), (8000, 8010)], url="s3://b/k", max_gap=0, sleep=SleepRecorder())
+        read_ranges(
+            fs, "object", [(0, 10), (8000, 8010)], url="s3://b/k", size=len(DATA), max_gap=0, sleep=SleepRecorder()
+        )
     assert len(fs.calls) == 1
 
 
 def test_read_ranges_through_memory_filesystem(memory_url: str) -> None:
     fs, path = open_filesystem(memory_url)
-    assert read_ranges(fs, path, [(3, 9), (16000, 16384)], url=memory_url) == [DATA[3:9], DATA[16000:16384]]
+    assert read_ranges(fs, path, [(3, 9), (16000, 16384)], url=memory_url, size=len(DATA)) == [DATA[3:9], DATA[16000:16384]]
 
 
 def test_a_missing_memory_object_is_a_missing_file_error_naming_the_url(memory_url: str) -> None:
     missing = memory_url + "-missing"
     fs, path = open_filesystem(missing)
     with pytest.raises(MissingFileError, match=missing):
-        read_range(fs, path, 0, 10, url=missing)
+        read_range(fs, path, 0, 10, url=missing, size=len(DATA))
 
 
 def test_an_upload_that_fails_transiently_is_retried() -> None:
@@ -346,8 +392,8 @@ def test_s3_ranged_reads_equal_the_bytes_and_near_ranges_share_a_request(
 ) -> None:
     bucket, url, fs, path = s3_object
     wanted = [(10, 20), (25, 30), (5000, 5100), (12000, 12001), (16383, 16384)]
-    assert read_ranges(fs, path, wanted, url=url, max_gap=100) == [DATA[s:e] for s, e in wanted]
-    assert read_range(fs, path, 100, 4196, url=url) == DATA[100:4196]
+    assert read_ranges(fs, path, wanted, url=url, size=len(DATA), max_gap=100) == [DATA[s:e] for s, e in wanted]
+    assert read_range(fs, path, 100, 4196, url=url, size=len(DATA)) == DATA[100:4196]
     gets = s3_server.requests(bucket, method="GET", key="dataset/shard.data")
     assert sorted(request.range for request in gets) == sorted(
         ["bytes=10-29", "bytes=5000-5099", "bytes=12000-12000", "bytes=16383-16383", "bytes=100-4195"]
@@ -361,16 +407,90 @@ def test_s3_missing_object_is_a_missing_file_error_naming_the_url(s3_server: S3S
     url = f"s3://{bucket}/no/such/object"
     fs, path = open_filesystem(url, s3_server.storage_options)
     with pytest.raises(MissingFileError, match=url):
-        read_range(fs, path, 0, 10, url=url)
+        read_range(fs, path, 0, 10, url=url, size=len(DATA))
     with pytest.raises(MissingFileError, match=url):
         download_file(fs, path, str(tmp_path / "target"), url=url)
     assert not (tmp_path / "target").exists()
 
 
-def test_s3_read_past_the_end_is_retried_as_a_short_body_then_a_storage_error(
+def test_s3_range_past_the_end_is_refused_before_any_request(
     s3_server: S3Server, s3_object: tuple[str, str, Any, str]
 ) -> None:
     bucket, url, fs, path = s3_object
-    with pytest.raises(StorageError, match="came back as 84 bytes"):
-        read_range(fs, path, len(DATA) - 84, len(DATA) + 16, url=url, sleep=SleepRecorder())
-    assert len(s3_server.requests(bucket, method="GET")) == 5
+    with pytest.raises(VarstoreError, match=f"{url}.*16384 bytes") as raised:
+        read_range(fs, path, len(DATA) - 84, len(DATA) + 16, url=url, size=len(DATA), sleep=SleepRecorder())
+    assert not isinstance(raised.value, StorageError)
+    with pytest.raises(VarstoreError, match="not within"):
+        read_ranges(fs, path, [(0, 10), (0, 10**12)], url=url, size=len(DATA))
+    assert s3_server.requests(bucket, method="GET") == []
+    assert s3_server.requests(bucket, method="HEAD") == []
+
+
+# --- one retry loop: the backend's own retries are off for s3:// -------------------------------------------
+
+
+@pytest.fixture
+def s3_behind_proxy(
+    s3_server: S3Server, fault_proxy: Callable[[str], FaultProxy]
+) -> tuple[FaultProxy, str, Any, str]:
+    """(proxy, url, fs, path): DATA in a fresh bucket, reached through a fault proxy in front of moto."""
+    pytest.importorskip("s3fs")
+    proxy = fault_proxy(s3_server.endpoint_url)
+    bucket = s3_server.new_bucket()
+    url = f"s3://{bucket}/object"
+    fs, path = open_filesystem(url, {**s3_server.storage_options, "endpoint_url": proxy.url})
+    fs.pipe_file(path, DATA)
+    proxy.clear_counters()
+    return proxy, url, fs, path
+
+
+# aiohttp resends an idempotent request once on a fresh connection when its connection breaks (RFC 9112
+# 9.3.1, for pooled connections the server closed); it has no public switch, so a reset costs two requests.
+@pytest.mark.parametrize(("fault", "requests_per_attempt"), [("slow_down", 1), ("server_error", 1), ("reset", 2)])
+def test_s3_persistent_fault_costs_exactly_the_attempts_then_a_storage_error_naming_the_url(
+    s3_behind_proxy: tuple[FaultProxy, str, Any, str], fault: str, requests_per_attempt: int
+) -> None:
+    proxy, url, fs, path = s3_behind_proxy
+    getattr(proxy, fault)(times=None, method="GET")
+    sleep = SleepRecorder()
+    with pytest.raises(StorageError, match=f"{url}.*failed 5 times"):
+        read_range(fs, path, 0, 100, url=url, size=len(DATA), sleep=sleep)
+    assert proxy.count("GET") == 5 * requests_per_attempt and len(sleep.delays) == 4
+
+
+def test_s3_transfers_under_a_persistent_slow_down_cost_exactly_the_attempts(
+    s3_behind_proxy: tuple[FaultProxy, str, Any, str], tmp_path: Path
+) -> None:
+    proxy, url, fs, path = s3_behind_proxy
+    proxy.slow_down(times=None)
+    local = tmp_path / "local"
+    local.write_bytes(DATA)
+    with pytest.raises(StorageError, match=f"{url}.*uploading"):
+        upload_file(str(local), fs, path, url=url, sleep=SleepRecorder())
+    assert proxy.count("PUT") == 5
+    with pytest.raises(StorageError, match=f"{url}.*downloading"):
+        download_file(fs, path, str(tmp_path / "downloaded"), url=url, sleep=SleepRecorder())
+    assert proxy.count("GET") == 5
+
+
+def test_s3_one_slow_down_then_success_costs_two_requests(s3_behind_proxy: tuple[FaultProxy, str, Any, str]) -> None:
+    proxy, url, fs, path = s3_behind_proxy
+    proxy.slow_down(times=1, method="GET")
+    assert read_range(fs, path, 0, 100, url=url, size=len(DATA), sleep=SleepRecorder()) == DATA[:100]
+    assert [record.status for record in proxy.requests()] == [503, 206]
+
+
+def test_s3_explicit_botocore_retries_are_kept_and_the_callers_options_not_changed(s3_server: S3Server) -> None:
+    pytest.importorskip("s3fs")
+    config = {"retries": {"total_max_attempts": 3}, "connect_timeout": 7}
+    options = {**s3_server.storage_options, "config_kwargs": config}
+    fs, _ = open_filesystem("s3://bucket/key", options)
+    assert fs.config_kwargs == {"retries": {"total_max_attempts": 3}, "connect_timeout": 7}
+    assert options["config_kwargs"] is config and config == {"retries": {"total_max_attempts": 3}, "connect_timeout": 7}
+
+
+def test_s3_filesystems_built_without_varstore_keep_their_own_retries(s3_server: S3Server) -> None:
+    s3fs = pytest.importorskip("s3fs")
+    fs, _ = open_filesystem("s3://bucket/key", s3_server.storage_options)
+    theirs = s3fs.S3FileSystem(**s3_server.storage_options)  # fsspec's instance cache: same options, same object
+    assert theirs is not fs and theirs.retries == 5 and fs.retries == 1

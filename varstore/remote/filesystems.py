@@ -4,6 +4,24 @@ uploads and downloads, each retrying transient faults with bounded backoff.
 fsspec and its backends are imported only when a URL is opened: they are optional (`varstore[remote]`,
 `varstore[s3]`), and `import varstore` needs neither. Every failure leaves as a `VarstoreError` naming the URL
 and what was being done: `MissingFileError` for an object that does not exist, `StorageError` otherwise.
+
+Retries: `with_retries` is the only retry loop. For s3:// `open_filesystem` turns off s3fs's own retry loop
+and botocore's, which would otherwise multiply with it (5 x 5 x 5 requests for one persistent 503), so a
+persistent fault costs exactly `attempts` requests per helper call.
+
+Request cost, when nothing fails (each transient failure adds one request for what failed):
+- `open_filesystem`: none (clients connect on first use).
+- `read_range`: one GET; `read_ranges`: one GET per span of merged ranges, concurrent; none for empty ranges.
+  Both take the object's size from the caller (the manifest knows it) and refuse ranges outside it unsent.
+- `upload_file`: one PUT; s3fs uploads a large file (twice its block size, 50 MiB, or more) in parts, a
+  request each plus two. A retry sends the whole file again.
+- `download_file`: one GET; for an object larger than s3fs's block size, further concurrent ranged GETs for
+  the rest. A retry fetches the whole object again.
+
+Fork safety: a filesystem holds sockets and, for async backends (s3fs), an event loop thread, neither of
+which survives `fork`. Never keep a filesystem across a fork: in the child, call `open_filesystem` again
+(fsspec drops its instance cache in a forked child, so that builds a fresh client). An s3fs filesystem
+used in the child anyway fails at once (fsspec refuses it: "not fork-safe"), a `StorageError` here.
 """
 
 from __future__ import annotations
@@ -13,6 +31,7 @@ import bisect
 import errno
 import functools
 import http.client
+import operator
 import random
 import re
 import time
@@ -32,7 +51,10 @@ DEFAULT_MAX_GAP = 64 * 1024
 _MAX_DELAY = 2.0
 # Two or more letters before "://": a Windows drive ("C:/") is never taken for a scheme.
 _URL_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+)://")
-_EXTRA_FOR_SCHEME = {"s3": "s3", "s3a": "s3"}
+_S3_SCHEMES = frozenset({"s3", "s3a"})
+_EXTRA_FOR_SCHEME = {scheme: "s3" for scheme in _S3_SCHEMES}
+# botocore's client config for one request per call: `with_retries` does the retrying.
+_BOTOCORE_SINGLE_ATTEMPT = {"total_max_attempts": 1}
 _TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 _TRANSIENT_ERROR_CODES = frozenset(
     {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError", "ServiceUnavailable"}
@@ -57,7 +79,14 @@ def is_url(path: object) -> bool:
 
 def open_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple[AbstractFileSystem, str]:
     """The fsspec filesystem serving `url` and the path of `url` within it; `storage_options` go to the
-    filesystem as fsspec passes them (for S3, s3fs's `endpoint_url`, `key`, `secret`, ...)."""
+    filesystem as fsspec passes them (for S3, s3fs's `endpoint_url`, `key`, `secret`, ...).
+
+    For s3:// the backend makes one attempt per request, leaving retries to `with_retries`: s3fs's retry
+    loop is off, and botocore's too unless `storage_options["config_kwargs"]["retries"]` sets it (an explicit
+    setting wins; AWS_MAX_ATTEMPTS and config files do not). fsspec shares one instance among callers with the
+    same options, and the retry settings are part of ours (`config_kwargs`): an S3FileSystem built elsewhere
+    with other options is a different instance, whose retries are left alone.
+    """
     match = _URL_SCHEME.match(url)
     scheme = match.group(1).lower() if match else "file"
     try:
@@ -66,7 +95,7 @@ def open_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> 
         extra = _EXTRA_FOR_SCHEME.get(scheme, "remote")
         raise StorageError(f"opening a URL needs fsspec: pip install 'varstore[{extra}]'", path=url) from error
     try:
-        return url_to_fs(url, **(storage_options or {}))
+        fs, path = url_to_fs(url, **_backend_options(scheme, storage_options or {}))
     except ImportError as error:
         extra = _EXTRA_FOR_SCHEME.get(scheme)
         advice = f"pip install 'varstore[{extra}]'" if extra else "install the package fsspec names"
@@ -74,6 +103,18 @@ def open_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> 
         raise StorageError(message, path=url) from error
     except ValueError as error:  # fsspec: "Protocol not known"
         raise StorageError(f"no filesystem for {scheme}:// ({error})", path=url) from error
+    if scheme in _S3_SCHEMES:
+        fs.retries = 1  # s3fs's own retry loop around each request (a class attribute, 5, not an option)
+    return fs, path
+
+
+def _backend_options(scheme: str, storage_options: dict[str, Any]) -> dict[str, Any]:
+    """`storage_options` with, for s3://, botocore's retries turned off unless the caller set them."""
+    if scheme not in _S3_SCHEMES:
+        return storage_options
+    config = dict(storage_options.get("config_kwargs") or {})
+    config.setdefault("retries", dict(_BOTOCORE_SINGLE_ATTEMPT))
+    return {**storage_options, "config_kwargs": config}
 
 
 def with_retries(
@@ -179,10 +220,18 @@ class _Span:
 
 
 def read_range(
-    fs: AbstractFileSystem, path: str, start: int, end: int, *, url: str, sleep: Callable[[float], None] = time.sleep
+    fs: AbstractFileSystem,
+    path: str,
+    start: int,
+    end: int,
+    *,
+    url: str,
+    size: int,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> bytes:
-    """Bytes [start, end) of the object at `path`, exactly `end - start` of them (a short body is retried)."""
-    return read_ranges(fs, path, [(start, end)], url=url, sleep=sleep)[0]
+    """Bytes [start, end) of the object at `path`, `size` bytes long, exactly `end - start` of them (a short
+    body is retried)."""
+    return read_ranges(fs, path, [(start, end)], url=url, size=size, sleep=sleep)[0]
 
 
 def read_ranges(
@@ -191,16 +240,22 @@ def read_ranges(
     ranges: Sequence[tuple[int, int]],
     *,
     url: str,
+    size: int,
     max_gap: int = DEFAULT_MAX_GAP,
     sleep: Callable[[float], None] = time.sleep,
 ) -> list[bytes]:
-    """The bytes of each [start, end) in `ranges`, in order. Ranges that overlap or lie within `max_gap`
-    bytes of each other share one request; the requests run concurrently (`fs.cat_ranges`) on filesystems
-    that can. Every response is checked for its exact length; a retry fetches only the spans still missing.
+    """The bytes of each [start, end) in `ranges`, in order, from the object at `path` of `size` bytes (the
+    caller knows it from the manifest). Ranges that overlap or lie within `max_gap` bytes of each other share
+    one request; the requests run concurrently (`fs.cat_ranges`) on filesystems that can. Every response is
+    checked for its exact length; a retry fetches only the spans still missing.
+
+    A range that is not integers with 0 <= start <= end <= size is a `VarstoreError`, raised before any
+    request: a range past the end can only come back short, and retrying it would fetch it again and again.
     """
+    ranges = [(_offset(start, url), _offset(end, url)) for start, end in ranges]
     for start, end in ranges:
-        if not 0 <= start <= end:
-            raise ValueError(f"{url}: invalid byte range [{start}, {end})")
+        if not 0 <= start <= end <= size:
+            raise VarstoreError(f"byte range [{start}, {end}) is not within the object's {size} bytes", path=url)
     spans = _merge_ranges([(start, end) for start, end in ranges if end > start], max_gap)
     fetched: dict[_Span, bytes] = {}
 
@@ -226,6 +281,16 @@ def read_ranges(
         with_retries(fetch_missing, what=f"reading {len(spans)} byte range(s)", url=url, sleep=sleep)
     span_starts = [span.start for span in spans]
     return [_cut(fetched, spans, span_starts, start, end) for start, end in ranges]
+
+
+def _offset(value: object, url: str) -> int:
+    """`value` as a byte offset: an integer (numpy's too), not a bool, a float or a string."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)  # type: ignore[arg-type]
+        except TypeError:
+            pass
+    raise VarstoreError(f"a byte offset must be an integer, not {type(value).__name__} {value!r}", path=url)
 
 
 def _merge_ranges(ranges: Sequence[tuple[int, int]], max_gap: int) -> list[_Span]:
