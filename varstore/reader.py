@@ -1,8 +1,12 @@
-"""`Reader`: random access to the records of one shard through memory maps of its two files."""
+"""`Reader`: random access to the records of one shard through memory maps of its two files.
+
+The index, and every rule a read checks, is a `ShardIndex` (varstore/shard_index.py);
+this module is the data access: mapping the data file, slicing and gathering
+records, iteration and prefetch.
+"""
 
 from __future__ import annotations
 
-import codecs
 import functools
 import mmap
 import os
@@ -13,11 +17,9 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence
 import numpy as np
 
 from . import format as fmt
-from .checksum import crc32c, crc32c_of_range
-from .codecs import Codec, check_bool_bytes, codec_from_stored
+from .codecs import Codec
 from .errors import (
     ClosedError,
-    CorruptRecordError,
     FormatError,
     MissingFileError,
     RecordIndexError,
@@ -25,13 +27,11 @@ from .errors import (
     StorageError,
 )
 from .reader_base import ReaderBase
+from .shard_index import DECODE_ERRORS as _DECODE_ERRORS
+from .shard_index import ITERATION_CHUNK as _ITERATION_CHUNK
+from .shard_index import ShardIndex, map_file, pread_exactly
 
-_OFFSET = struct.Struct("<Q")
 _PAIR = struct.Struct("<QQ")
-_ITERATION_CHUNK = 4096
-_MAX_LISTED_RECORDS = 20
-_UTF8_PIECE = 8 << 20
-_DECODE_ERRORS = (ValueError, TypeError, UnicodeDecodeError)  # what a codec's decode raises on bad bytes
 
 
 class FlatBatch(NamedTuple):
@@ -45,15 +45,6 @@ class FlatBatch(NamedTuple):
     offsets: np.ndarray
 
 
-def _map_file(fd: int, size: int) -> mmap.mmap | bytes:
-    if size == 0:
-        return b""
-    mapped = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
-    if hasattr(mapped, "madvise"):
-        mapped.madvise(mmap.MADV_RANDOM)
-    return mapped
-
-
 def _open_read(path: str) -> int:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO in a shard's place must not block the open
@@ -65,48 +56,6 @@ def _open_read(path: str) -> int:
         os.close(fd)
         raise FormatError("not a regular file, expected a shard file", path=path)
     return fd
-
-
-def _pread_exactly(fd: int, size: int, offset: int, path: str) -> bytes:
-    """`size` bytes at `offset`, read without a map; a short read means the file shrank after its size was checked."""
-    data = os.pread(fd, size, offset)
-    if len(data) != size:
-        raise FormatError(f"file ended at {offset + len(data)} bytes while being opened: it changed meanwhile", path=path)
-    return data
-
-
-def _is_utf8(data: Any, start: int, end: int) -> bool:
-    """Whether `data[start:end]` is valid UTF-8, decoded in bounded pieces so a large range is never copied whole."""
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    with memoryview(data) as view:
-        try:
-            for piece in range(start, end, _UTF8_PIECE):
-                decoder.decode(view[piece : min(piece + _UTF8_PIECE, end)], final=piece + _UTF8_PIECE >= end)
-        except UnicodeDecodeError:
-            return False
-    return True
-
-
-def _non_utf8_positions(buffer: Any, offsets: np.ndarray) -> list[int]:
-    """Positions k of the records ``buffer[offsets[k]:offsets[k + 1]]`` that are not valid UTF-8.
-
-    Vectorised: when the bytes from offsets[0] to offsets[-1] decode as a whole and no
-    record starts on a UTF-8 continuation byte, every record is whole characters, so
-    each decodes. Only a range failing that test is decoded record by record.
-    """
-    start, end = int(offsets[0]), int(offsets[-1])
-    if start == end:
-        return []
-    starts = offsets[offsets < end]
-    if not (np.frombuffer(buffer, np.uint8)[starts] & 0xC0 == 0x80).any() and _is_utf8(buffer, start, end):
-        return []
-    bounds = offsets.tolist()
-    return [position for position, (first, last) in enumerate(zip(bounds, bounds[1:])) if not _is_utf8(buffer, first, last)]
-
-
-def _describe(indices: list[int]) -> str:
-    shown = ", ".join(map(str, indices[:_MAX_LISTED_RECORDS]))
-    return shown + (f" and {len(indices) - _MAX_LISTED_RECORDS} more" if len(indices) > _MAX_LISTED_RECORDS else "")
 
 
 def check_indices(indices: Any, count: int, path: str) -> np.ndarray:
@@ -156,57 +105,28 @@ class Reader(ReaderBase):
         self._closed = False
 
     def _map_files(self, index_fd: int, data_fd: int) -> None:
-        """Check the shard as §1.3 says, reading with `pread` only, then map both files.
-
-        No check reads through a map: a page of a sparse file on a full tmpfs cannot
-        be faulted in, and the kernel answers with SIGBUS, which kills the process.
-        """
-        index_path = self.index_path
-        index_size = os.fstat(index_fd).st_size
-        header = fmt.unpack_header(os.pread(index_fd, fmt.HEADER_SIZE, 0), index_size=index_size, path=index_path)
-        preamble = _pread_exactly(index_fd, header.offsets_start - fmt.HEADER_SIZE, fmt.HEADER_SIZE, index_path)
-        if any(preamble[header.metadata_size :]):
-            raise FormatError("padding after the metadata is not zero", path=index_path)
-        codec_params, _ = fmt.decode_metadata(preamble[: header.metadata_size], path=index_path)
-        del preamble  # the user metadata is parsed again, from the map, only if `metadata` is read
-        self._codec: Codec = codec_from_stored(header.codec_id, codec_params, path=index_path)
+        """Check the shard as §1.3 says, reading with `pread` only (`ShardIndex.open`), then map both files."""
+        data_path = self.data_path
         data_size = os.fstat(data_fd).st_size
-        if data_size != header.data_size:
-            raise FormatError(
-                f"data file is {data_size} bytes but its index expects {header.data_size}: "
-                "truncated, extended, or paired with the wrong index",
-                path=self.data_path,
-            )
-        if self.dtype is not None and data_size % self._codec.row_size:  # type: ignore[attr-defined]
-            raise FormatError(
-                f"data file is {data_size} bytes, not a whole number of {self._codec.row_size}-byte rows "  # type: ignore[attr-defined]
-                f"(dtype {self.dtype.str}, trailing shape {list(self.shape or ())})",
-                path=self.data_path,
-            )
-        (first,) = _OFFSET.unpack(_pread_exactly(index_fd, fmt.OFFSET_SIZE, header.offsets_start, index_path))
-        (last,) = _OFFSET.unpack(_pread_exactly(index_fd, fmt.OFFSET_SIZE, header.checksums_start - fmt.OFFSET_SIZE, index_path))
-        if first != 0 or last != data_size:
-            raise FormatError(f"offsets run from {first} to {last}, expected 0 to {data_size}", path=index_path)
-        head, tail = (_pread_exactly(data_fd, length, offset, self.data_path) for offset, length in fmt.edge_ranges(data_size))
-        if fmt.edge_crc32c(head, tail) != header.data_edge_crc32c:
-            raise FormatError(
-                "data file does not match its index (first/last 4 KiB checksum differs): wrong or damaged data file",
-                path=self.data_path,
-            )
-        self._index_map = _map_file(index_fd, index_size)
-        self._data_map = _map_file(data_fd, data_size)
-        self.header = header
-        self._count = header.record_count
-        self._data_size = data_size
-        self._offsets_start = header.offsets_start
-        self._offsets = np.frombuffer(self._index_map, "<u8", header.record_count + 1, header.offsets_start)
-        self._checksums = (
-            np.frombuffer(self._index_map, "<u4", header.record_count, header.checksums_start)
-            if header.has_record_checksums
-            else None
+        index = ShardIndex.open(
+            index_fd,
+            data_size,
+            lambda offset, length: pread_exactly(data_fd, length, offset, data_path),
+            index_path=self.index_path,
+            data_path=data_path,
         )
+        self._index = index
+        self._index_map = index.map
+        self._codec: Codec = index.codec
+        self._data_map = map_file(data_fd, data_size)
+        self.header = index.header
+        self._count = index.count
+        self._data_size = data_size
+        self._offsets_start = index.header.offsets_start
+        self._offsets = index.offsets
+        self._checksums = index.checksums
         if self.verify_reads and self._checksums is None:
-            raise FormatError("verify_reads=True but this shard was written without record checksums", path=index_path)
+            raise FormatError("verify_reads=True but this shard was written without record checksums", path=self.index_path)
         self._decode: Callable[[Any, int, int], Any] | None = (
             None if self._codec.name == "bytes" else self._codec.decoder_for(self._data_map)
         )
@@ -222,8 +142,7 @@ class Reader(ReaderBase):
     def metadata(self) -> dict[str, Any]:
         """The user metadata the writer stored, parsed from the mapped index on first use and kept."""
         self._check_open()
-        raw = self._index_map[fmt.HEADER_SIZE : fmt.HEADER_SIZE + self.header.metadata_size]
-        return fmt.decode_metadata(raw, path=self.index_path)[1]
+        return self._index.metadata()
 
     @property
     def offsets(self) -> np.ndarray:
@@ -234,10 +153,7 @@ class Reader(ReaderBase):
     def record_sizes(self) -> np.ndarray:
         """Every record's payload size in bytes (computes over all N offsets, checking them as reads do)."""
         self._check_open()
-        offsets = self._checked_offsets(0, self._count)
-        if self._rows is not None and self._count:
-            self._check_rows(np.arange(self._count), offsets[:-1], offsets[1:])
-        return np.diff(offsets).astype(np.int64)
+        return self._index.record_sizes()
 
     def as_array(self) -> np.ndarray:
         """The whole data file of an ``ndarray`` shard as one read-only array of rows (zero copy)."""
@@ -245,8 +161,8 @@ class Reader(ReaderBase):
         if self.dtype is None:
             raise RecordTypeError(f"as_array needs an ndarray shard, this one is {self.codec}", path=self.path)
         if self._bool_bytes is not None and self._count:
-            offsets = self._checked_offsets(0, self._count)
-            self._check_bools(np.arange(self._count), offsets[:-1], offsets[1:])
+            offsets = self._index.checked_offsets(0, self._count)
+            self._index.check_bools(self._bool_bytes, np.arange(self._count), offsets[:-1], offsets[1:])
         return self._rows
 
     def __len__(self) -> int:
@@ -267,15 +183,15 @@ class Reader(ReaderBase):
             raise self._index_error(index)
         start, end = _PAIR.unpack_from(self._index_map, self._offsets_start + 8 * index)
         if not start <= end <= self._data_size:
-            raise self._offsets_error(index, start, end)
+            raise self._index.offsets_error(index, start, end)
         if self.verify_reads:
-            self._verify_record(index, start, end)
+            self._index.verify_record(index, self._data_map, start, end)
         if self._decode is None:
             return self._data_map[start:end]
         try:
             return self._decode(self._data_map, start, end)
         except _DECODE_ERRORS as error:
-            raise self._decode_error(index, error) from None
+            raise self._index.decode_error(index, error) from None
 
     def _get_other(self, index: Any) -> Any:
         if isinstance(index, slice):
@@ -291,31 +207,6 @@ class Reader(ReaderBase):
         self._check_open()
         return RecordIndexError(f"record {index} is out of range for {self._count} records", path=self.path)
 
-    def _offsets_error(self, index: int, start: int, end: int, records: list[int] | None = None) -> CorruptRecordError:
-        """Record `index` has the offsets [start, end); `records` lists every damaged one found, if more."""
-        records = records or [index]
-        others = f"; {len(records)} records have such offsets: {_describe(records)}" if len(records) > 1 else ""
-        return CorruptRecordError(
-            f"record {index} has offsets [{start}, {end}), outside the {self._data_size}-byte data file or reversed{others}",
-            path=self.index_path,
-            records=records,
-        )
-
-    def _decode_error(self, index: int, error: Exception) -> CorruptRecordError:
-        return CorruptRecordError(
-            f"record {index} does not decode as {self.codec}: {error}", path=self.data_path, records=[index]
-        )
-
-    def _verify_record(self, index: int, start: int, end: int) -> None:
-        actual = crc32c(memoryview(self._data_map)[start:end])
-        expected = int(self._checksums[index])  # type: ignore[index]
-        if actual != expected:
-            raise CorruptRecordError(
-                f"record {index} checksum is {actual:#010x}, expected {expected:#010x}",
-                path=self.data_path,
-                records=[index],
-            )
-
     # -- many reads --------------------------------------------------------------------------
 
     def _check_indices(self, indices: Any) -> np.ndarray:
@@ -323,15 +214,10 @@ class Reader(ReaderBase):
         return check_indices(indices, self._count, self.path)
 
     def _checked_ranges(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        starts = self._offsets[indices]
-        ends = self._offsets[indices + 1]
-        bad = (starts > ends) | (ends > self._data_size)
-        if bad.any():
-            position = int(bad.argmax())
-            raise self._offsets_error(int(indices[position]), int(starts[position]), int(ends[position]))
+        starts, ends = self._index.checked_ranges(indices)
         if self.verify_reads:
             for index, start, end in zip(indices.tolist(), starts.tolist(), ends.tolist()):
-                self._verify_record(index, start, end)
+                self._index.verify_record(index, self._data_map, start, end)
         return starts, ends
 
     def get_batch(self, indices: Sequence[int] | np.ndarray) -> list[Any]:
@@ -340,35 +226,9 @@ class Reader(ReaderBase):
         starts, ends = self._checked_ranges(indices)
         return self._decode_ranges(indices, starts, ends)
 
-    def _check_rows(self, indices: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> int:
-        """Check in one pass that byte ranges of an ``ndarray`` shard sit on row boundaries; returns the row size."""
-        row_size: int = self._codec.row_size  # type: ignore[attr-defined]
-        off_rows = (starts % row_size != 0) | (ends % row_size != 0)
-        if off_rows.any():
-            position = int(off_rows.argmax())
-            error = ValueError(f"offsets [{starts[position]}, {ends[position]}) are not on {row_size}-byte row boundaries")
-            raise self._decode_error(int(indices[position]), error)
-        return row_size
-
-    def _check_bools(self, indices: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
-        """Refuse, naming the first, a record of a ``|b1`` shard holding a byte other than 0 or 1 (§2.1): one
-        vectorised pass when the ranges are consecutive records, else a check per record."""
-        data = self._bool_bytes
-        assert data is not None
-        if len(starts) and (starts[1:] == ends[:-1]).all():
-            bad = self._codec.records_with_invalid_bools(data, np.append(starts, ends[-1:]))  # type: ignore[attr-defined]
-            positions = bad[:1].tolist()
-        else:
-            positions = range(len(starts))
-        for position in positions:
-            try:
-                check_bool_bytes(data[int(starts[position]) : int(ends[position])])
-            except ValueError as error:
-                raise self._decode_error(int(indices[position]), error) from None
-
     def _row_ranges(self, indices: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[list[int], list[int]]:
         """Byte ranges of an ``ndarray`` shard as row ranges."""
-        row_size = self._check_rows(indices, starts, ends)
+        row_size = self._index.check_rows(indices, starts, ends)
         return (starts // row_size).tolist(), (ends // row_size).tolist()
 
     def _decode_ranges(self, indices: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[Any]:
@@ -376,7 +236,7 @@ class Reader(ReaderBase):
         if rows is not None:
             row_starts, row_ends = self._row_ranges(indices, starts, ends)
             if self._bool_bytes is not None:
-                self._check_bools(indices, starts, ends)
+                self._index.check_bools(self._bool_bytes, indices, starts, ends)
             return [rows[start:end] for start, end in zip(row_starts, row_ends)]
         data = self._data_map
         starts, ends = starts.tolist(), ends.tolist()
@@ -390,28 +250,8 @@ class Reader(ReaderBase):
                 try:
                     decode(data, start, end)
                 except _DECODE_ERRORS as error:
-                    raise self._decode_error(index, error) from None
+                    raise self._index.decode_error(index, error) from None
             raise
-
-    def _check_payloads(self, indices: np.ndarray, buffer: Any, offsets: np.ndarray) -> None:
-        """Raise what a read of record indices[k] raises if its payload ``buffer[offsets[k]:offsets[k + 1]]`` is one a
-        read refuses, so flat reads hand out no record a read would not (§1.3): ``str`` payloads are checked for
-        UTF-8 in one vectorised pass, ``msgpack`` payloads are decoded. (Callers check ``ndarray`` rows and |b1 bytes.)"""
-        if self.codec == "str":
-            suspects: Sequence[int] = _non_utf8_positions(buffer, offsets)
-        elif self.codec == "msgpack":
-            suspects = range(len(offsets) - 1)
-        else:
-            return
-        if not suspects:
-            return
-        decode, bounds = self._decode, offsets.tolist()
-        assert decode is not None
-        for position in suspects:
-            try:
-                decode(buffer, bounds[position], bounds[position + 1])
-            except _DECODE_ERRORS as error:
-                raise self._decode_error(int(indices[position]), error) from None
 
     def get_batch_flat(self, indices: Sequence[int] | np.ndarray) -> FlatBatch:
         """Records at `indices` packed into one buffer plus offsets, the form variable-length collation wants.
@@ -423,39 +263,29 @@ class Reader(ReaderBase):
         offsets = np.zeros(len(indices) + 1, np.int64)
         np.cumsum(lengths, out=offsets[1:])
         if self._rows is not None:
-            self._check_rows(indices, starts, ends)
+            self._index.check_rows(indices, starts, ends)
             if self._bool_bytes is not None:
-                self._check_bools(indices, starts, ends)
+                self._index.check_bools(self._bool_bytes, indices, starts, ends)
         view = memoryview(self._data_map)
         joined = bytearray().join([view[start:end] for start, end in zip(starts.tolist(), ends.tolist())])
         view.release()
         values = np.frombuffer(joined, np.uint8)  # one copy, into a writable buffer of its own
         if self.dtype is None:
-            self._check_payloads(indices, joined, offsets)
+            self._index.check_payloads(self._decode, indices, joined, offsets)
             return FlatBatch(values, offsets)
         row_size = self._codec.row_size  # type: ignore[attr-defined]
         return FlatBatch(values.view(self.dtype).reshape((-1, *(self.shape or ()))), offsets // row_size)
 
-    def _checked_offsets(self, start: int, stop: int) -> np.ndarray:
-        """Offsets of records [start, stop), or a CorruptRecordError listing every record among them whose offsets
-        go backwards or past the end of the data file (one vectorised comparison when nothing is wrong)."""
-        offsets = self._offsets[start : stop + 1]
-        if stop > start and ((offsets[1:] < offsets[:-1]).any() or offsets[-1] > self._data_size):
-            bad = np.flatnonzero((offsets[1:] < offsets[:-1]) | (offsets[1:] > self._data_size))
-            first = int(bad[0])
-            raise self._offsets_error(start + first, int(offsets[first]), int(offsets[first + 1]), (bad + start).tolist())
-        return offsets
-
     def _contiguous_offsets(self, start: int, stop: int) -> np.ndarray:
         """Offsets of records [start, stop), checked in one pass (and their checksums with verify_reads), prefetched."""
         self._check_open()
-        offsets = self._checked_offsets(start, stop)
+        offsets = self._index.checked_offsets(start, stop)
         if stop > start:
             self._prefetch(int(offsets[0]), int(offsets[-1]))
         if self.verify_reads:
             bounds = offsets.tolist()
             for index in range(start, stop):
-                self._verify_record(index, bounds[index - start], bounds[index - start + 1])
+                self._index.verify_record(index, self._data_map, bounds[index - start], bounds[index - start + 1])
         return offsets
 
     def _read_range(self, start: int, stop: int) -> list[Any]:
@@ -479,13 +309,13 @@ class Reader(ReaderBase):
             base = int(offsets[0])
             relative = offsets.astype(np.int64) - base
             if self._rows is None:
-                self._check_payloads(np.arange(start, stop), self._data_map, offsets)
+                self._index.check_payloads(self._decode, np.arange(start, stop), self._data_map, offsets)
                 values = np.frombuffer(self._data_map, np.uint8, int(relative[-1]), base) if self._data_size else np.zeros(0, np.uint8)
                 yield FlatBatch(values, relative)
                 continue
-            row_size = self._check_rows(np.arange(start, stop), offsets[:-1], offsets[1:])
+            row_size = self._index.check_rows(np.arange(start, stop), offsets[:-1], offsets[1:])
             if self._bool_bytes is not None:
-                self._check_bools(np.arange(start, stop), offsets[:-1], offsets[1:])
+                self._index.check_bools(self._bool_bytes, np.arange(start, stop), offsets[:-1], offsets[1:])
             first_row = base // row_size
             yield FlatBatch(self._rows[first_row : first_row + int(relative[-1]) // row_size], relative // row_size)
 
@@ -511,101 +341,13 @@ class Reader(ReaderBase):
     # -- checking ----------------------------------------------------------------------------
 
     def verify(self, progress: Callable[[int], None] | None = None) -> None:
-        """Check every byte and, for every record, every rule a read checks (§1.3).
+        """Check every byte and, for every record, every rule a read checks (§1.3); see `ShardIndex.verify`.
 
-        In order: the index body checksum; that offsets never decrease; then, a chunk
-        of records at a time, the whole data file's CRC32C (always: record checksums
-        locate damage but do not vouch for the header's ``data_crc32c``), each record's
-        checksum when the shard has them, and every rule of `_record_rules`. Raises on
-        a damaged structure at once; damaged records are all listed in one
+        Raises on a damaged structure at once; damaged records are all listed in one
         CorruptRecordError. `progress` receives byte counts of the data file.
         """
         self._check_open()
-        header = self.header
-        body_crc = crc32c_of_range(self._index_map, fmt.HEADER_SIZE, header.index_size)
-        if body_crc != header.body_crc32c:
-            raise FormatError(
-                f"index body checksum is {body_crc:#010x}, expected {header.body_crc32c:#010x}", path=self.index_path
-            )
-        self._checked_offsets(0, self._count)
-        rules = self._record_rules()
-        failed: dict[tuple[str, str], list[int]] = {_BAD_CHECKSUM: [], **{reason: [] for reason, _ in rules}}
-        data_crc = 0
-        with memoryview(self._data_map) as view:
-            for chunk_start in range(0, self._count, _ITERATION_CHUNK):
-                offsets = self._offsets[chunk_start : min(chunk_start + _ITERATION_CHUNK, self._count) + 1]
-                data_crc = crc32c(view[int(offsets[0]) : int(offsets[-1])], data_crc)
-                if self._checksums is not None:
-                    failed[_BAD_CHECKSUM] += self._bad_checksums(view, chunk_start, offsets)
-                for reason, find_failing in rules:
-                    failed[reason] += find_failing(chunk_start, offsets)
-                if progress is not None:
-                    progress(int(offsets[-1] - offsets[0]))
-        problems = [f"{_counted(records, *reason)}: {_describe(records)}" for reason, records in failed.items() if records]
-        if data_crc != header.data_crc32c and not failed[_BAD_CHECKSUM]:  # else those records explain it
-            also = ", though every record passes its own checksum" if self._checksums is not None else ""
-            problems.append(
-                f"data checksum is {data_crc:#010x}, expected {header.data_crc32c:#010x} (the header's data_crc32c){also}"
-            )
-        if problems:
-            damaged = sorted(set().union(*failed.values()))
-            raise CorruptRecordError("; ".join(problems), path=self.data_path, records=damaged)
-
-    def _bad_checksums(self, view: memoryview, chunk_start: int, offsets: np.ndarray) -> list[int]:
-        """Records of the chunk starting at `chunk_start` (bounded by `offsets`) whose CRC32C is not the stored one.
-
-        One C-level map over the records computes the checksums; numpy compares them all at once.
-        """
-        bounds = offsets.tolist()
-        count = len(bounds) - 1
-        actual = np.fromiter(map(crc32c, map(view.__getitem__, map(slice, bounds, bounds[1:]))), np.uint32, count)
-        wrong = np.flatnonzero(actual != self._checksums[chunk_start : chunk_start + count])  # type: ignore[index]
-        return (wrong + chunk_start).tolist()
-
-    def _record_rules(self) -> list[tuple[tuple[str, str], Callable[[int, np.ndarray], list[int]]]]:
-        """The rules a read checks of a record's bytes, as (what one and many failing records do, for an error message;
-        a function listing the failing records of one chunk); none for ``bytes``."""
-        if self.dtype is not None:
-            row_size: int = self._codec.row_size  # type: ignore[attr-defined]
-            rules = [((f"is not on {row_size}-byte row boundaries", f"are not on {row_size}-byte row boundaries"), self._off_row_records)] if row_size > 1 else []
-            if self._bool_bytes is not None:
-                rules.append((("holds |b1 bytes other than 0 or 1", "hold |b1 bytes other than 0 or 1"), self._invalid_bool_records))
-            return rules
-        if self.codec == "str":
-            return [(("is not valid UTF-8", "are not valid UTF-8"), self._non_utf8_records)]
-        if self.codec == "msgpack":
-            return [(("does not decode as msgpack", "do not decode as msgpack"), self._undecodable_records)]
-        return []
-
-    def _invalid_bool_records(self, chunk_start: int, offsets: np.ndarray) -> list[int]:
-        """Records of a ``|b1`` chunk holding a byte other than 0 or 1, in one vectorised pass."""
-        bad = self._codec.records_with_invalid_bools(self._bool_bytes, offsets)  # type: ignore[attr-defined]
-        return (bad + chunk_start).tolist()
-
-    def _off_row_records(self, chunk_start: int, offsets: np.ndarray) -> list[int]:
-        """Records of an ``ndarray`` chunk with an offset off a row boundary (both records sharing it), vectorised."""
-        off_row = np.flatnonzero(offsets % self._codec.row_size)  # type: ignore[attr-defined]
-        if not off_row.size:
-            return []
-        records = np.union1d(off_row - 1, off_row) + chunk_start
-        return records[(records >= chunk_start) & (records < chunk_start + len(offsets) - 1)].tolist()
-
-    def _non_utf8_records(self, chunk_start: int, offsets: np.ndarray) -> list[int]:
-        """Records of a ``str`` chunk that are not valid UTF-8 (one vectorised pass unless one is not)."""
-        return [chunk_start + position for position in _non_utf8_positions(self._data_map, offsets)]
-
-    def _undecodable_records(self, chunk_start: int, offsets: np.ndarray) -> list[int]:
-        """Records of a chunk that the codec's decode (the one every read uses) refuses."""
-        decode, data = self._decode, self._data_map
-        assert decode is not None
-        bounds = offsets.tolist()
-        bad = []
-        for position, (start, end) in enumerate(zip(bounds, bounds[1:])):
-            try:
-                decode(data, start, end)
-            except _DECODE_ERRORS:
-                bad.append(chunk_start + position)
-        return bad
+        self._index.verify(self._data_map, self._decode, progress)
 
     # -- life cycle --------------------------------------------------------------------------
 
@@ -620,17 +362,9 @@ class Reader(ReaderBase):
         self._closed = True
         self._count = 0
         self._offsets = self._checksums = self._decode = self._rows = self._bool_bytes = None  # type: ignore[assignment]
-        for mapped in (self._index_map, self._data_map):
-            if isinstance(mapped, mmap.mmap):
-                try:
-                    mapped.close()
-                except BufferError:
-                    pass  # arrays returned to the caller still view it; it closes when they are freed
-
-
-_BAD_CHECKSUM = ("fails its checksum", "fail their checksum")
-
-
-def _counted(records: list[int], one: str, many: str) -> str:
-    """ "1 record fails its checksum" or "3 records fail their checksum"."""
-    return f"1 record {one}" if len(records) == 1 else f"{len(records)} records {many}"
+        self._index.close()
+        if isinstance(self._data_map, mmap.mmap):
+            try:
+                self._data_map.close()
+            except BufferError:
+                pass  # arrays returned to the caller still view it; it closes when they are freed
