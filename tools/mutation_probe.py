@@ -54,6 +54,8 @@ MODULE_TESTS = {
                            "tests/test_faults.py", "tests/test_spec_vectors.py", "tests/test_reader.py"],
     "varstore/reader.py": ["tests/test_boundaries.py", "tests/test_reader.py", "tests/test_corruption.py",
                            "tests/test_roundtrip.py", "tests/test_spec_vectors.py"],
+    "varstore/shard_index.py": ["tests/test_boundaries.py", "tests/test_reader.py", "tests/test_corruption.py",
+                                "tests/test_roundtrip.py", "tests/test_spec_vectors.py"],
     "varstore/manifest.py": ["tests/test_boundaries.py", "tests/test_sharded.py", "tests/test_resume.py",
                              "tests/test_corruption.py"],
     "varstore/torch/sampler.py": ["tests/test_torch_sampler.py", "tests/test_boundaries.py"],

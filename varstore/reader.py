@@ -124,8 +124,7 @@ class Reader(ReaderBase):
         self._data_size = data_size
         self._offsets_start = index.header.offsets_start
         self._offsets = index.offsets
-        self._checksums = index.checksums
-        if self.verify_reads and self._checksums is None:
+        if self.verify_reads and index.checksums is None:
             raise FormatError("verify_reads=True but this shard was written without record checksums", path=self.index_path)
         self._decode: Callable[[Any, int, int], Any] | None = (
             None if self._codec.name == "bytes" else self._codec.decoder_for(self._data_map)
@@ -361,7 +360,7 @@ class Reader(ReaderBase):
             return
         self._closed = True
         self._count = 0
-        self._offsets = self._checksums = self._decode = self._rows = self._bool_bytes = None  # type: ignore[assignment]
+        self._offsets = self._decode = self._rows = self._bool_bytes = None  # type: ignore[assignment]
         self._index.close()
         if isinstance(self._data_map, mmap.mmap):
             try:
