@@ -1,0 +1,331 @@
+"""`BlendedDataset`: several map-style sources mixed by weight, sample by sample, in O(1) memory at any length.
+
+Sample k is a pure function of (k, seed, weights, source names and lengths):
+
+1. **Which source.** Within a segment of constant weights, the sources with a
+   positive weight are the leaves of a balanced binary tree (sorted by name). A
+   node whose left subtree holds a fraction p of its weight sends the first m
+   samples that reach it left ``floor(p m + 1/2)`` times (Bresenham's rule), so
+   each level is off by at most 1/2 sample and a source of a tree of height h by at
+   most h/2. Fractions are exact (weights become `fractions.Fraction`), so no float
+   rounding can break the bound. Finding sample k's source walks one root-to-leaf
+   path: O(log #sources) integer operations, plus a binary search over segments.
+2. **Which use of that source.** The counts of each source at every segment start
+   are computed once at construction (O(#segments x #sources)), so the j-th use of
+   a source is its count before the segment plus its count inside it: a schedule
+   change carries every source's position across, and none is repeated or skipped.
+3. **Which record.** Use j of a source of n records is position ``j % n`` of epoch
+   ``j // n``, mapped through a keyed permutation of ``range(n)`` (a Feistel network,
+   see `permutation`) chosen by (seed, source name, epoch): every record once per
+   epoch, a fresh order each epoch, and no array per sample or per record.
+
+Megatron's blend builds two per-sample index arrays (10 bytes a sample, so 10 TB
+at 10**12 samples) and caches them on disk; here nothing grows with the length.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import os
+from dataclasses import dataclass
+from fractions import Fraction
+from numbers import Rational, Real
+from typing import Any, Mapping, Sequence, Union
+
+import numpy as np
+from torch.utils.data import Dataset
+
+from ..errors import RecordIndexError, VarstoreError
+from .datasets import RecordDataset
+from .permutation import Permutation, derive_key
+from .resume import as_int
+
+_BLEND_PURPOSE = 4
+
+Weights = Mapping[str, Union[int, float, Fraction]]
+Schedule = Sequence[tuple[int, Weights]]
+
+
+@dataclass(frozen=True)
+class SourceProgress:
+    """How far a blend prefix went through one source: `samples` taken, the `epoch` it stands in, and the
+    `position` within that epoch (``samples == epoch * records + position``)."""
+
+    samples: int
+    epoch: int
+    position: int
+
+
+class _Split:
+    """A node of a segment's tree: `left` gets ``floor(p m + 1/2)`` of the first m samples, with p = numerator / denominator."""
+
+    __slots__ = ("numerator", "denominator", "left", "right")
+
+    def __init__(self, share: Fraction, left: _Split | int, right: _Split | int) -> None:
+        self.numerator, self.denominator = share.numerator, share.denominator
+        self.left, self.right = left, right
+
+    def left_count(self, samples: int) -> int:
+        """How many of the first `samples` samples reaching this node go left (exact integer arithmetic)."""
+        return (2 * self.numerator * samples + self.denominator) // (2 * self.denominator)
+
+
+def _tree(sources: list[tuple[int, Fraction]]) -> _Split | int:
+    """The balanced tree over (source number, weight) pairs; a leaf is a source number."""
+    if len(sources) == 1:
+        return sources[0][0]
+    middle = len(sources) // 2
+    left_weight = sum(weight for _, weight in sources[:middle])
+    share = left_weight / sum(weight for _, weight in sources)
+    return _Split(share, _tree(sources[:middle]), _tree(sources[middle:]))
+
+
+def _height(node: _Split | int) -> int:
+    return 0 if isinstance(node, int) else 1 + max(_height(node.left), _height(node.right))
+
+
+class _Segment:
+    """Samples ``[start, ...)`` mixed by one set of weights, starting from every source's count before it."""
+
+    def __init__(self, start: int, weights: dict[int, Fraction], counts_before: list[int]) -> None:
+        self.start = start
+        self.root = _tree(sorted(weights.items()))
+        self.height = _height(self.root)
+        self.counts_before = counts_before
+
+    def locate(self, local: int) -> tuple[int, int]:
+        """(source number, use number of that source) of the segment's sample `local`: one root-to-leaf walk."""
+        node = self.root
+        while not isinstance(node, int):
+            went_left = node.left_count(local)
+            if node.left_count(local + 1) > went_left:
+                node, local = node.left, went_left
+            else:
+                node, local = node.right, local - went_left
+        return node, self.counts_before[node] + local
+
+    def counts_after(self, local: int) -> list[int]:
+        """Every source's count once the segment's first `local` samples are taken."""
+        counts = list(self.counts_before)
+        pending: list[tuple[_Split | int, int]] = [(self.root, local)]
+        while pending:
+            node, samples = pending.pop()
+            if isinstance(node, int):
+                counts[node] += samples
+            else:
+                went_left = node.left_count(samples)
+                pending += [(node.left, went_left), (node.right, samples - went_left)]
+        return counts
+
+
+def _name_key(name: str) -> int:
+    """A stable 64-bit number for a source name: the same in every process, unlike `hash`."""
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
+
+
+def _exact_weight(name: str, weight: Any, segment_start: int) -> Fraction:
+    if isinstance(weight, bool) or not isinstance(weight, (Real, np.integer, np.floating)):
+        raise VarstoreError(f"the weight of source {name!r} (segment at {segment_start}) must be a number, not {weight!r}")
+    if not isinstance(weight, (Rational, np.integer)) and not np.isfinite(float(weight)):
+        raise VarstoreError(f"the weight of source {name!r} (segment at {segment_start}) must be finite, not {weight!r}")
+    exact = Fraction(int(weight)) if isinstance(weight, np.integer) else Fraction(weight)
+    if exact < 0:
+        raise VarstoreError(f"the weight of source {name!r} (segment at {segment_start}) must be >= 0, not {weight!r}")
+    return exact
+
+
+def _as_schedule(weights: Weights | Schedule) -> list[tuple[int, Weights]]:
+    if isinstance(weights, Mapping):
+        return [(0, weights)]
+    if not isinstance(weights, Sequence) or not weights:
+        raise VarstoreError(f"weights must be a dict name -> weight or a non-empty list of (start_sample, dict), not {weights!r}")
+    for entry in weights:
+        if not (isinstance(entry, (tuple, list)) and len(entry) == 2 and isinstance(entry[1], Mapping)):
+            raise VarstoreError(f"each schedule entry must be a (start_sample, {{name: weight}}) pair, not {entry!r}")
+    return [(as_int(start, "a schedule's start_sample"), segment) for start, segment in weights]
+
+
+def _check_starts(starts: list[int], num_samples: int) -> None:
+    if starts[0] != 0:
+        raise VarstoreError(f"a schedule's first segment must start at sample 0, not {starts[0]}")
+    for before, after in zip(starts, starts[1:]):
+        if after <= before:
+            raise VarstoreError(f"schedule segments must start at increasing samples; {after} follows {before}")
+    if starts[-1] >= num_samples:
+        raise VarstoreError(f"a schedule segment starts at sample {starts[-1]}, but the blend has only {num_samples} samples")
+
+
+class BlendedDataset(Dataset):
+    """Samples mixed from named `sources` by `weights` (a dict, or a schedule of ``(start_sample, dict)``), sample k
+    a deterministic function of (k, seed, weights), so any process, worker or rank computes the same blend.
+
+    `sources` maps names to map-style datasets (`RecordDataset`, `TokenWindowDataset`,
+    anything with ``__len__``/``__getitem__``) or to paths, opened as `RecordDataset`.
+    Weights need not sum to 1; a source absent from a segment has weight 0 there, so
+    adding a source at a checkpoint is a schedule entry.
+
+    Guarantees: in a segment of constant weights with s sources of positive weight,
+    after any m samples of the segment each source's count in it is within
+    ``ceil(log2 s) / 2`` of ``weight x m`` (1/2 for two sources, 1 for up to four); over a
+    schedule the bound adds up across the segments begun. Each source runs through a
+    fresh permutation of its records per epoch, so no record repeats before all were
+    used, and a source's position carries across segments. A new schedule whose
+    segments before sample c equal the old one (same start, same normalised weights)
+    gives the same first c samples. Construction costs O(#segments x #sources);
+    a lookup, O(log #sources + log #segments) integer operations plus one permutation
+    evaluation (a few microseconds). Order comes from the blend, so pair it with
+    ``ExactlyOnceSampler(blend, shuffle=False)`` (or a `DistributedSampler` without
+    shuffle) to read the blend in order, split across ranks.
+    """
+
+    def __init__(
+        self,
+        sources: Mapping[str, Dataset | str | os.PathLike[str]],
+        weights: Weights | Schedule,
+        *,
+        num_samples: int,
+        seed: int = 0,
+    ) -> None:
+        if not isinstance(sources, Mapping) or not sources:
+            raise VarstoreError(f"sources must be a non-empty dict name -> dataset or path, not {sources!r}")
+        self.num_samples = as_int(num_samples, "num_samples")
+        if self.num_samples < 1:
+            raise VarstoreError(f"num_samples must be at least 1, not {self.num_samples}")
+        self.seed = as_int(seed, "seed")
+        for name in sources:
+            if not isinstance(name, str):
+                raise VarstoreError(f"source names must be str, not {name!r}")
+        self.names = sorted(sources)
+        self.sources = [_opened(name, sources[name]) for name in self.names]
+        self._lengths = [len(source) for source in self.sources]
+        self._name_keys = [_name_key(name) for name in self.names]
+        self._segments = self._build_segments(_as_schedule(weights))
+        self._starts = [segment.start for segment in self._segments]
+
+    def _build_segments(self, schedule: list[tuple[int, Weights]]) -> list[_Segment]:
+        _check_starts([start for start, _ in schedule], self.num_samples)
+        ends = [start for start, _ in schedule[1:]] + [self.num_samples]
+        segments: list[_Segment] = []
+        counts = [0] * len(self.names)
+        for (start, weights), end in zip(schedule, ends):
+            segment = _Segment(start, self._positive_weights(start, weights), counts)
+            segments.append(segment)
+            counts = segment.counts_after(end - start)
+        return segments
+
+    def _positive_weights(self, start: int, weights: Weights) -> dict[int, Fraction]:
+        """The segment's positive weights by source number, each source checked to exist and to have records."""
+        unknown = sorted(set(weights) - set(self.names))
+        if unknown:
+            raise VarstoreError(f"the weights of the segment at sample {start} name unknown sources {unknown}; sources: {self.names}")
+        positive = {}
+        for name, weight in weights.items():
+            exact = _exact_weight(name, weight, start)
+            number = self.names.index(name)
+            if exact and not self._lengths[number]:
+                raise VarstoreError(f"source {name!r} has no records but weight {weight} in the segment at sample {start}")
+            if exact:
+                positive[number] = exact
+        if not positive:
+            raise VarstoreError(f"the segment at sample {start} gives no source a positive weight")
+        return positive
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __repr__(self) -> str:
+        sources = ", ".join(f"{name}={length}" for name, length in zip(self.names, self._lengths))
+        return f"BlendedDataset(num_samples={self.num_samples}, segments={len(self._segments)}, sources: {sources})"
+
+    @property
+    def proportion_bound(self) -> Fraction:
+        """The most a source's count may stray from ``weight x samples`` within one segment (see the class docstring)."""
+        return Fraction(max(segment.height for segment in self._segments), 2)
+
+    def _segment(self, sample: int) -> _Segment:
+        return self._segments[bisect.bisect_right(self._starts, sample) - 1]
+
+    def _check_sample(self, sample: Any) -> int:
+        if isinstance(sample, (bool, np.bool_)) or not hasattr(sample, "__index__"):
+            raise VarstoreError(f"blend samples are integers, not {type(sample).__name__}")
+        sample = sample.__index__()
+        if not 0 <= sample < self.num_samples:
+            raise RecordIndexError(f"sample {sample} is out of range for a blend of {self.num_samples} samples")
+        return sample
+
+    def _use(self, sample: int) -> tuple[int, int]:
+        segment = self._segment(sample)
+        return segment.locate(sample - segment.start)
+
+    def _permutation(self, source: int, epoch: int) -> Permutation:
+        return Permutation(self._lengths[source], derive_key(_BLEND_PURPOSE, self.seed, self._name_keys[source], epoch))
+
+    def locate(self, sample: int) -> tuple[str, int]:
+        """(source name, record index in that source) of blend sample `sample`."""
+        source, use = self._use(self._check_sample(sample))
+        epoch, position = divmod(use, self._lengths[source])
+        return self.names[source], int(self._permutation(source, epoch)([position])[0])
+
+    def _records(self, samples: Sequence[int]) -> list[tuple[int, int]]:
+        """(source number, record) of each sample, with one permutation built per (source, epoch) met."""
+        uses = [self._use(self._check_sample(sample)) for sample in samples]
+        groups: dict[tuple[int, int], list[int]] = {}
+        for row, (source, use) in enumerate(uses):
+            groups.setdefault((source, use // self._lengths[source]), []).append(row)
+        records = [0] * len(uses)
+        for (source, epoch), rows in groups.items():
+            positions = [uses[row][1] % self._lengths[source] for row in rows]
+            for row, record in zip(rows, self._permutation(source, epoch)(positions).tolist()):
+                records[row] = record
+        return [(source, record) for (source, _), record in zip(uses, records)]
+
+    def describe(self, samples: int) -> dict[str, SourceProgress]:
+        """For the blend's first `samples` samples: how many came from each source and where each source stands."""
+        samples = as_int(samples, "samples")
+        if not 0 <= samples <= self.num_samples:
+            raise VarstoreError(f"describe takes a prefix length in [0, {self.num_samples}], not {samples}")
+        segment = self._segments[bisect.bisect_right(self._starts, max(samples - 1, 0)) - 1]
+        counts = segment.counts_after(samples - segment.start)
+        progress = {}
+        for name, count, length in zip(self.names, counts, self._lengths):
+            epoch, position = divmod(count, length) if length else (0, 0)
+            progress[name] = SourceProgress(count, epoch, position)
+        return progress
+
+    def __getitem__(self, sample: int) -> Any:
+        return self.__getitems__([sample])[0]
+
+    def __getitems__(self, samples: Sequence[int] | np.ndarray) -> list[Any]:
+        """The samples, read with one batched call per source (its ``__getitems__`` if it has one)."""
+        located = self._records(np.asarray(samples).tolist() if isinstance(samples, np.ndarray) else list(samples))
+        rows_by_source: dict[int, list[int]] = {}
+        for row, (source, _) in enumerate(located):
+            rows_by_source.setdefault(source, []).append(row)
+        batch: list[Any] = [None] * len(located)
+        for source, rows in rows_by_source.items():
+            values = self._read(source, [located[row][1] for row in rows])
+            for row, value in zip(rows, values):
+                batch[row] = value
+        return batch
+
+    def _read(self, source: int, records: list[int]) -> list[Any]:
+        dataset = self.sources[source]
+        if not hasattr(dataset, "__getitems__"):
+            return [dataset[record] for record in records]
+        values = dataset.__getitems__(records)
+        if not isinstance(values, list) or len(values) != len(records):
+            raise VarstoreError(
+                f"source {self.names[source]!r} returned {type(values).__name__} for {len(records)} records; a blend "
+                "needs one sample per record (a RecordDataset with flat_batches or on_damaged='skip' cannot be blended)"
+            )
+        return values
+
+
+def _opened(name: str, source: Any) -> Dataset:
+    """`source` itself if it is a dataset, else a `RecordDataset` of the path."""
+    if isinstance(source, (str, os.PathLike)):
+        return RecordDataset(source)
+    if not hasattr(source, "__len__") or not hasattr(source, "__getitem__"):
+        raise VarstoreError(f"source {name!r} must be a path or a map-style dataset with __len__ and __getitem__, not {source!r}")
+    return source
