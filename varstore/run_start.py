@@ -116,7 +116,7 @@ class _RunStart:
         numbered = list(self._live_names)
         if interrupted is not None:
             numbered += interrupted.begun
-        self._next_number = _number_after(numbered)
+        self._next_number = number_after(numbered)
         numbered_shard_name(self._next_number, self.path)  # refuse a name past the limit before removing anything
         self._overwrite = replaces is not None
         self._run = new_run(self._codec.name, self._codec.params(), replaces)
@@ -158,7 +158,7 @@ class _RunStart:
         self._run = interrupted
         self._overwrite = replaces is not None
         self._adopt_committed_shards()
-        self._next_number = _number_after(list(self._live_names) + self.shard_names)
+        self._next_number = number_after(list(self._live_names) + self.shard_names)
         # A new file of exactly the valid lines: never append after a torn line or through a hard link to a snapshot.
         self._journal = Journal.start(self.path, self._run)
 
@@ -232,7 +232,7 @@ def numbered_shard_name(number: int, directory: str) -> str:
     return name
 
 
-def _number_after(names: Iterable[str]) -> int:
+def number_after(names: Iterable[str]) -> int:
     """One more than the highest number of a ``shard-NNNNNN`` name among `names` (0 if none)."""
     numbers = [int(match.group(1)) for name in names if (match := _NUMBERED_SHARD.fullmatch(name))]
     return max(numbers, default=-1) + 1

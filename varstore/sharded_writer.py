@@ -27,7 +27,8 @@ from .manifest import (
     is_valid_shard_name,
     shard_entry_size_bound,
 )
-from .run_start import begin_run, numbered_shard_name
+from .remote.filesystems import is_url
+from .run_start import StartedRun, begin_run, numbered_shard_name
 from .storage import (
     refuse_in_a_forked_child,
     TEMP_MARK,
@@ -73,7 +74,19 @@ class ShardedWriter:
     If a shard cannot be committed or written (a full disk, say), the writer
     fails: it accepts nothing more, never commits a manifest, keeps the shards
     already committed, and its errors say how to resume.
+
+    Given a URL (``s3://bucket/prefix``, ``memory://x``, any fsspec URL) with its
+    `storage_options`, the writer is a `varstore.remote_writer.RemoteShardedWriter`:
+    the same writer on a local staging directory, uploading each shard as it
+    commits and the manifest last (see that module).
     """
+
+    def __new__(cls, directory: Any, *args: Any, **kwargs: Any) -> "ShardedWriter":
+        if cls is ShardedWriter and is_url(directory):
+            from .remote_writer import RemoteShardedWriter  # fsspec is imported only when a URL is written
+
+            cls = RemoteShardedWriter
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -88,8 +101,9 @@ class ShardedWriter:
         max_shard_records: int | None = None,
         overwrite: bool = False,
         resume: bool = False,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
-        self.path = os.path.abspath(os.fspath(directory))  # a later chdir must not move the dataset
+        self.path, self._directory = self._locate(directory, storage_options)
         self._pid = os.getpid()
         if max_shard_bytes < 1 or (max_shard_records is not None and max_shard_records < 1):
             raise VarstoreError("max_shard_bytes and max_shard_records must be positive")
@@ -106,12 +120,12 @@ class ShardedWriter:
             checked_manifest_bytes(Manifest(self._codec.name, self._codec.params(), self._metadata), path=self.path)
         )
         try:
-            make_directories(self.path)
+            make_directories(self._directory)
         except OSError as error:
             raise storage_error(error, "preparing the dataset directory") from None
-        self._lock = lock_directory(self.path)
+        self._lock = lock_directory(self._directory)
         try:
-            started = begin_run(self.path, self._codec, overwrite=overwrite, resume=resume)
+            started = self._start_run(overwrite, resume)
             self._previous = started.previous
             self._live_names = started.live_names
             self._overwrite = started.overwrite
@@ -127,6 +141,25 @@ class ShardedWriter:
             if isinstance(error, OSError) and not isinstance(error, VarstoreError):
                 raise storage_error(error, "starting the dataset writer") from None
             raise
+
+    def _locate(self, directory: Any, storage_options: dict[str, Any] | None) -> tuple[str, str]:
+        """(path, directory): the dataset's name in errors, and the local directory its shards are written in."""
+        path = os.path.abspath(os.fspath(directory))  # a later chdir must not move the dataset
+        if storage_options is not None:
+            raise VarstoreError("storage_options apply to URLs only, and this is a local path", path=path)
+        return path, path
+
+    def _start_run(self, overwrite: bool, resume: bool) -> StartedRun:
+        """Begin the run (new, overwriting or resumed) in the locked directory, as `begin_run` does."""
+        return begin_run(self._directory, self._codec, overwrite=overwrite, resume=resume)
+
+    def _publish_shard(self, entry: ShardEntry) -> None:
+        """Called once shard `entry` is committed in the directory, before it counts as stored; a local
+        dataset has nothing more to do (a remote writer uploads it)."""
+
+    def _publish_manifest(self, raw: bytes) -> None:
+        """Commit the checked manifest bytes `raw`: the moment readers see the dataset."""
+        commit_manifest_bytes(self._directory, raw, overwrite=self._overwrite)
 
     def __len__(self) -> int:
         return self._record_count
@@ -196,7 +229,7 @@ class ShardedWriter:
             try:
                 # The name is journaled only once its Writer holds its lock and found it free: a resume then
                 # never adopts a shard another writer took between our probe and our lock.
-                writer = Writer(os.path.join(self.path, name), **self._writer_options)
+                writer = Writer(os.path.join(self._directory, name), **self._writer_options)
                 assert self._journal is not None
                 self._journal.record(finished, name)
             except BaseException as error:  # an interrupt too: the shard begun is abandoned with its lock
@@ -237,7 +270,7 @@ class ShardedWriter:
         while True:
             name = numbered_shard_name(self._next_number, self.path)
             self._next_number += 1
-            prefix = os.path.join(self.path, name)
+            prefix = os.path.join(self._directory, name)
             taken = any(map(os.path.lexists, fmt.shard_paths(prefix))) or is_locked(shard_lock_path(prefix))
             if name not in self._live_names and not taken:
                 return name
@@ -247,9 +280,13 @@ class ShardedWriter:
         writer, self._writer = self._writer, None
         try:
             writer.close()
-            entry, _, _ = describe_shard(self.path, os.path.basename(writer.path))
+            entry, _, _ = describe_shard(self._directory, os.path.basename(writer.path))
         except (OSError, VarstoreError) as error:
             raise self._fail(writer, error) from None
+        try:
+            self._publish_shard(entry)
+        except (OSError, VarstoreError) as error:
+            raise self._fail(f"publishing shard {entry.name}", error) from None
         self._entries.append(entry)
         return entry
 
@@ -297,17 +334,17 @@ class ShardedWriter:
             # From the moment the manifest is named, the dataset is committed, even if an interrupt lands before
             # commit_manifest_bytes returns: abort() recognises our manifest by this version and keeps its shards.
             self._committing_version = crc32c(raw)
-            commit_manifest_bytes(self.path, raw, overwrite=self._overwrite)
+            self._publish_manifest(raw)
         except (OSError, VarstoreError) as error:
             raise self._fail("the manifest commit", error) from None
         self._closed = True
         try:
-            sync_directory(self.path)
+            sync_directory(self._directory)
         finally:
             self._finish_committed_run()
 
     def _manifest_committed(self) -> bool:
-        return self._committing_version is not None and manifest_identity(self.path) == self._committing_version
+        return self._committing_version is not None and manifest_identity(self._directory) == self._committing_version
 
     def _finish_committed_run(self) -> None:
         """After the manifest commit: end the journal, remove the replaced version's shards, let go of the directory."""
@@ -336,19 +373,24 @@ class ShardedWriter:
             if self._writer is not None:
                 self._writer.abort()
             if self._failure is None:
-                if self._adopted:  # the interrupted run goes on existing, as it was before this writer
-                    self._journal.close()
-                    self._run.begun = self.shard_names[: self._adopted]
-                    Journal.start(self.path, self._run).close()  # replaces the journal atomically
-                    self._journal = None
-                else:
-                    self._end_run()
-                for entry in self._entries[self._adopted :]:
-                    remove_quietly(list(fmt.shard_paths(os.path.join(self.path, entry.name))))
+                self._abandon_run()
             elif self._journal is not None:
                 self._journal.close()
         finally:
             self._lock.release()
+
+    def _abandon_run(self) -> None:
+        """For `abort` without a failure: remove the shards this writer committed; a run it resumed goes on
+        existing as it was before this writer, anything else ends."""
+        if self._adopted:
+            self._journal.close()
+            self._run.begun = self.shard_names[: self._adopted]
+            Journal.start(self._directory, self._run).close()  # replaces the journal atomically
+            self._journal = None
+        else:
+            self._end_run()
+        for entry in self._entries[self._adopted :]:
+            remove_quietly(list(fmt.shard_paths(os.path.join(self._directory, entry.name))))
 
     def _end_run(self) -> None:
         if self._journal is not None:
@@ -359,7 +401,7 @@ class ShardedWriter:
         if self._previous is None:
             return
         for entry in self._previous.shards:
-            remove_quietly(list(fmt.shard_paths(os.path.join(self.path, entry.name))))
+            remove_quietly(list(fmt.shard_paths(os.path.join(self._directory, entry.name))))
 
     def __enter__(self) -> "ShardedWriter":
         return self
