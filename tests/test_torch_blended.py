@@ -177,9 +177,11 @@ def test_segment_weights_equal_after_normalising_give_the_same_blend():
 
 
 def test_the_order_of_the_sources_dict_does_not_change_the_blend_but_the_seed_does():
-    forward = BlendedDataset({"a": Numbers(50), "b": Numbers(60)}, {"a": 1, "b": 2}, num_samples=100, seed=5)
-    backward = BlendedDataset({"b": Numbers(60), "a": Numbers(50)}, {"b": 2, "a": 1}, num_samples=100, seed=5)
-    other_seed = BlendedDataset({"a": Numbers(50), "b": Numbers(60)}, {"a": 1, "b": 2}, num_samples=100, seed=6)
+    sources = {"a": Numbers(50), "b": Numbers(60), "c": Numbers(70)}
+    weights = {"a": 1, "b": 2, "c": 3}
+    forward = BlendedDataset(sources, weights, num_samples=100, seed=5)
+    backward = BlendedDataset(dict(reversed(sources.items())), dict(reversed(weights.items())), num_samples=100, seed=5)
+    other_seed = BlendedDataset(sources, weights, num_samples=100, seed=6)
     assert walk(forward, 100) == walk(backward, 100)
     assert walk(other_seed, 100) != walk(forward, 100)
     assert [name for name, _ in walk(other_seed, 100)] == [name for name, _ in walk(forward, 100)]
