@@ -94,16 +94,19 @@ class RemoteShardedWriter(ShardedWriter):
 
     def _start_run(self, overwrite: bool, resume: bool) -> StartedRun:
         self._clear_staging()
+        self._fs.invalidate_cache(self._root)  # fsspec's listing cache may predate the objects this run checks
         raw = self._read_object(MANIFEST_NAME)
         replaces = crc32c(raw) if raw is not None else None
         previous = self._live_manifest(raw, replacing=overwrite or resume)
         live_names = {entry.name for entry in previous.shards} if previous is not None else set()
         interrupted = self._read_journal()
+        # Names past every one the live manifest and the interrupted run used, a discarded upload's included: a
+        # killed writer's request still in flight can then never land on a name this run writes.
+        used = list(live_names) + (interrupted.begun if interrupted is not None else [])
         if resume and (interrupted is not None or replaces is not None):
             adopted = self._resume(interrupted, replaces)
         else:
             adopted = self._start_new(interrupted, replaces, overwrite, live_names)
-        used = list(live_names) + (interrupted.begun if interrupted is not None else [])
         local_run = new_run(self._codec.name, self._codec.params(), None)
         local_run.begun = [entry.name for entry in adopted]
         local_run.committed = {entry.name: entry for entry in adopted}
