@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from .checksum import Buffer, crc32c
+from .checksum import Buffer, crc32c, crc32c_combine
 from .errors import FormatError
 
 MAGIC = b"\x89VSI\r\n\x1a\n"
@@ -157,6 +157,12 @@ def unpack_header(raw: bytes, *, index_size: int, path: str) -> Header:
             f"index file is {index_size} bytes, expected {header.index_size} for {record_count} records", path=path
         )
     return header
+
+
+def index_crc32c(header: Header) -> int:
+    """CRC32C of a whole index file, from its header alone: the header's own CRC combined with the body CRC it
+    records (§3.1), so a manifest's ``index_crc32c`` is checked without reading the index."""
+    return crc32c_combine(crc32c(header.pack()), header.body_crc32c, header.index_size - HEADER_SIZE)
 
 
 def edge_crc32c(head: Buffer, tail: Buffer) -> int:

@@ -19,7 +19,7 @@ from typing import Any
 
 from . import format as fmt
 from .checksum import crc32c
-from .codecs import codec_from_stored
+from .codecs import Codec, codec_from_stored
 from .errors import FormatError, MissingFileError, ShardExistsError, StorageError
 from .storage import publish_new, remove_quietly, storage_error, temporary_path, write_all
 
@@ -196,6 +196,34 @@ def read_manifest(directory: str) -> Manifest:
     finally:
         os.close(fd)
     return decode_manifest(raw, path=path)
+
+
+def check_header_against_entry(header: fmt.Header, entry: ShardEntry, codec: Codec, index_path: str) -> None:
+    """Refuse a shard whose header disagrees with its manifest entry: another shard, or a damaged entry or header."""
+    facts = (
+        ("record count", header.record_count, entry.records),
+        ("data size", header.data_size, entry.data_size),
+        ("data checksum", header.data_crc32c, entry.data_crc32c),
+        ("index checksum", fmt.index_crc32c(header), entry.index_crc32c),
+        ("codec id", header.codec_id, codec.id),
+    )
+    for what, found, listed in facts:
+        if found != listed:
+            raise FormatError(
+                f"shard does not match the manifest: its {what} is {found}, the manifest says {listed}; "
+                "it was replaced, is damaged, or belongs to another dataset",
+                path=index_path,
+            )
+
+
+def check_codec_params(found: Codec, listed: Codec, index_path: str) -> None:
+    """Refuse a shard whose metadata's codec parameters are not the manifest's (§3.1, before reading from it)."""
+    if found.params() != listed.params():
+        raise FormatError(
+            f"shard does not match the manifest: its codec parameters are {found.params()}, "
+            f"the manifest says {listed.params()}",
+            path=index_path,
+        )
 
 
 def checked_manifest_bytes(manifest: Manifest, *, path: str) -> bytes:

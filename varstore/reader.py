@@ -73,6 +73,66 @@ def check_indices(indices: Any, count: int, path: str) -> np.ndarray:
     return resolved + count * (resolved < 0) if low < 0 else resolved
 
 
+class RecordBuffer(NamedTuple):
+    """Bytes holding records and what turns them into records: a data file's map, or bytes fetched for a batch."""
+
+    data: Any
+    decode: Callable[[Any, int, int], Any] | None  # None for ``bytes`` records, which are the bytes themselves
+    rows: np.ndarray | None  # an ``ndarray`` shard's bytes as one array of rows
+    bool_bytes: np.ndarray | None  # a ``|b1`` shard's bytes, which reads check are 0 or 1 (§2.1)
+
+
+def record_buffer(codec: Codec, data: Any) -> RecordBuffer:
+    """`data` (whole rows, for an ``ndarray`` codec) as a `RecordBuffer` of `codec`'s records."""
+    dtype = getattr(codec, "dtype", None)
+    return RecordBuffer(
+        data,
+        None if codec.name == "bytes" else codec.decoder_for(data),
+        codec.rows(data) if dtype is not None else None,  # type: ignore[attr-defined]
+        np.frombuffer(data, np.uint8) if dtype is not None and dtype.kind == "b" else None,
+    )
+
+
+def decode_records(index: ShardIndex, buffer: RecordBuffer, indices: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[Any]:
+    """Records at `indices`, the byte ranges [starts, ends) of `buffer`, decoded after every check a read makes."""
+    if buffer.rows is not None:
+        row_size = index.check_rows(indices, starts, ends)
+        if buffer.bool_bytes is not None:
+            index.check_bools(buffer.bool_bytes, indices, starts, ends)
+        rows = buffer.rows
+        return [rows[start:end] for start, end in zip((starts // row_size).tolist(), (ends // row_size).tolist())]
+    data = buffer.data
+    starts, ends = starts.tolist(), ends.tolist()
+    decode = buffer.decode
+    if decode is None:
+        return [data[start:end] for start, end in zip(starts, ends)]
+    try:
+        return [decode(data, start, end) for start, end in zip(starts, ends)]
+    except _DECODE_ERRORS:
+        for record, start, end in zip(indices.tolist(), starts, ends):
+            try:
+                decode(data, start, end)
+            except _DECODE_ERRORS as error:
+                raise index.decode_error(record, error) from None
+        raise
+
+
+def pack_flat(index: ShardIndex, indices: np.ndarray, starts: np.ndarray, ends: np.ndarray, joined: bytearray) -> FlatBatch:
+    """Records at `indices` (stored at [starts, ends)), already copied back to back into `joined`, as a
+    `FlatBatch`, after every check a read makes (for ``msgpack``, by decoding each)."""
+    offsets = np.zeros(len(indices) + 1, np.int64)
+    np.cumsum((ends - starts).astype(np.int64), out=offsets[1:])
+    values = np.frombuffer(joined, np.uint8)
+    codec = index.codec
+    if index.dtype is None:
+        index.check_payloads(None if codec.name == "bytes" else codec.decode, indices, joined, offsets)
+        return FlatBatch(values, offsets)
+    row_size = index.check_rows(indices, starts, ends)
+    if index.dtype.kind == "b":
+        index.check_bools(values, indices, offsets[:-1], offsets[1:])
+    return FlatBatch(values.view(index.dtype).reshape((-1, *(getattr(codec, "shape", None) or ()))), offsets // row_size)
+
+
 class Reader(ReaderBase):
     """A shard opened for reading; indexing, slicing and iteration return decoded records.
 
@@ -126,14 +186,8 @@ class Reader(ReaderBase):
         self._offsets = index.offsets
         if self.verify_reads and index.checksums is None:
             raise FormatError("verify_reads=True but this shard was written without record checksums", path=self.index_path)
-        self._decode: Callable[[Any, int, int], Any] | None = (
-            None if self._codec.name == "bytes" else self._codec.decoder_for(self._data_map)
-        )
-        self._rows: np.ndarray | None = self._codec.rows(self._data_map) if self.dtype is not None else None  # type: ignore[attr-defined]
-        # A |b1 shard's bytes, which reads check are 0 or 1 (§2.1); None for other shards.
-        self._bool_bytes: np.ndarray | None = (
-            np.frombuffer(self._data_map, np.uint8) if self.dtype is not None and self.dtype.kind == "b" else None
-        )
+        self._buffer = record_buffer(self._codec, self._data_map)
+        self._decode, self._rows, self._bool_bytes = self._buffer.decode, self._buffer.rows, self._buffer.bool_bytes
 
     # -- description -------------------------------------------------------------------------
 
@@ -225,32 +279,8 @@ class Reader(ReaderBase):
         starts, ends = self._checked_ranges(indices)
         return self._decode_ranges(indices, starts, ends)
 
-    def _row_ranges(self, indices: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[list[int], list[int]]:
-        """Byte ranges of an ``ndarray`` shard as row ranges."""
-        row_size = self._index.check_rows(indices, starts, ends)
-        return (starts // row_size).tolist(), (ends // row_size).tolist()
-
     def _decode_ranges(self, indices: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[Any]:
-        rows = self._rows
-        if rows is not None:
-            row_starts, row_ends = self._row_ranges(indices, starts, ends)
-            if self._bool_bytes is not None:
-                self._index.check_bools(self._bool_bytes, indices, starts, ends)
-            return [rows[start:end] for start, end in zip(row_starts, row_ends)]
-        data = self._data_map
-        starts, ends = starts.tolist(), ends.tolist()
-        if self._decode is None:
-            return [data[start:end] for start, end in zip(starts, ends)]
-        decode = self._decode
-        try:
-            return [decode(data, start, end) for start, end in zip(starts, ends)]
-        except _DECODE_ERRORS:
-            for index, start, end in zip(indices.tolist(), starts, ends):
-                try:
-                    decode(data, start, end)
-                except _DECODE_ERRORS as error:
-                    raise self._index.decode_error(index, error) from None
-            raise
+        return decode_records(self._index, self._buffer, indices, starts, ends)
 
     def get_batch_flat(self, indices: Sequence[int] | np.ndarray) -> FlatBatch:
         """Records at `indices` packed into one buffer plus offsets, the form variable-length collation wants.
@@ -258,22 +288,9 @@ class Reader(ReaderBase):
         Every record is checked as a read checks it (for ``msgpack``, by decoding it) and returned as stored."""
         indices = self._check_indices(indices)
         starts, ends = self._checked_ranges(indices)
-        lengths = (ends - starts).astype(np.int64)
-        offsets = np.zeros(len(indices) + 1, np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        if self._rows is not None:
-            self._index.check_rows(indices, starts, ends)
-            if self._bool_bytes is not None:
-                self._index.check_bools(self._bool_bytes, indices, starts, ends)
-        view = memoryview(self._data_map)
-        joined = bytearray().join([view[start:end] for start, end in zip(starts.tolist(), ends.tolist())])
-        view.release()
-        values = np.frombuffer(joined, np.uint8)  # one copy, into a writable buffer of its own
-        if self.dtype is None:
-            self._index.check_payloads(self._decode, indices, joined, offsets)
-            return FlatBatch(values, offsets)
-        row_size = self._codec.row_size  # type: ignore[attr-defined]
-        return FlatBatch(values.view(self.dtype).reshape((-1, *(self.shape or ()))), offsets // row_size)
+        with memoryview(self._data_map) as view:
+            joined = bytearray().join([view[start:end] for start, end in zip(starts.tolist(), ends.tolist())])
+        return pack_flat(self._index, indices, starts, ends, joined)  # one copy, into a writable buffer of its own
 
     def _contiguous_offsets(self, start: int, stop: int) -> np.ndarray:
         """Offsets of records [start, stop), checked in one pass (and their checksums with verify_reads), prefetched."""
@@ -360,7 +377,7 @@ class Reader(ReaderBase):
             return
         self._closed = True
         self._count = 0
-        self._offsets = self._decode = self._rows = self._bool_bytes = None  # type: ignore[assignment]
+        self._offsets = self._decode = self._rows = self._bool_bytes = self._buffer = None  # type: ignore[assignment]
         self._index.close()
         if isinstance(self._data_map, mmap.mmap):
             try:

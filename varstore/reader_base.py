@@ -20,6 +20,7 @@ from .codecs import Codec
 from .errors import DatasetReplacedError
 from . import format as fmt
 from .format import Header
+from .remote.filesystems import is_url
 
 
 class ReaderBase:
@@ -38,13 +39,14 @@ class ReaderBase:
 
     @property
     def path(self) -> str:
-        """The path as it was given (errors name it so); reopening uses the absolute path fixed when it was set."""
+        """The path or URL as it was given (errors name it so); reopening uses the absolute path fixed when it
+        was set (a URL is absolute already)."""
         return self._path
 
     @path.setter
     def path(self, value: str) -> None:
         self._path = value
-        self._absolute_path = os.path.abspath(value)
+        self._absolute_path = value if is_url(value) else os.path.abspath(value)
 
     @property
     def version(self) -> int:

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from . import format as fmt
-from .checksum import crc32c, crc32c_combine, crc32c_of_range
+from .checksum import crc32c_of_range
 from .codecs import Codec, codec_from_stored
 from .errors import (
     ClosedError,
@@ -35,9 +35,20 @@ from .errors import (
     StorageError,
     VarstoreError,
 )
-from .manifest import SHARD_FILE_NOT_REGULAR, Manifest, ShardEntry, read_manifest
+from .manifest import (
+    SHARD_FILE_NOT_REGULAR,
+    Manifest,
+    ShardEntry,
+    check_codec_params,
+    check_header_against_entry,
+    read_manifest,
+)
 from .reader_base import ReaderBase, replaced_error
 from .reader import FlatBatch, Reader, check_indices
+from .remote.filesystems import is_url
+from .remote.location import RemoteLocation
+from .remote_dataset import RemoteDatasetSource
+from .remote_shard import RemoteShard
 
 _FILES_PER_SHARD = 2
 _SPARE_FILE_DESCRIPTORS = 64
@@ -77,7 +88,7 @@ def check_listed_shard(directory: str, entry: ShardEntry, codec: Codec) -> None:
     index file's size and header, read with one 64-byte pread and checked as §1.3 steps 1-6 say, against the entry."""
     data_path, index_path = fmt.shard_paths(os.path.join(directory, entry.name))
     _check_shard_file(data_path, entry.data_size)
-    _check_header_against_entry(_read_listed_header(index_path, entry.index_size), entry, codec, index_path)
+    check_header_against_entry(_read_listed_header(index_path, entry.index_size), entry, codec, index_path)
 
 
 def _read_listed_header(index_path: str, expected_size: int) -> fmt.Header:
@@ -104,29 +115,6 @@ def _read_listed_header(index_path: str, expected_size: int) -> fmt.Header:
     return fmt.unpack_header(head, index_size=expected_size, path=index_path)
 
 
-def index_crc32c(header: fmt.Header) -> int:
-    """CRC32C of a whole index file, from its header alone: the header's own CRC combined with the body CRC it records."""
-    return crc32c_combine(crc32c(header.pack()), header.body_crc32c, header.index_size - fmt.HEADER_SIZE)
-
-
-def _check_header_against_entry(header: fmt.Header, entry: ShardEntry, codec: Codec, index_path: str) -> None:
-    """Refuse a shard whose header disagrees with its manifest entry: another shard, or a damaged entry or header."""
-    facts = (
-        ("record count", header.record_count, entry.records),
-        ("data size", header.data_size, entry.data_size),
-        ("data checksum", header.data_crc32c, entry.data_crc32c),
-        ("index checksum", index_crc32c(header), entry.index_crc32c),
-        ("codec id", header.codec_id, codec.id),
-    )
-    for what, found, listed in facts:
-        if found != listed:
-            raise FormatError(
-                f"shard does not match the manifest: its {what} is {found}, the manifest says {listed}; "
-                "it was replaced, is damaged, or belongs to another dataset",
-                path=index_path,
-            )
-
-
 def open_listed_shard(directory: str, entry: ShardEntry, codec: Codec, *, verify_reads: bool = False) -> Reader:
     """Open the shard a manifest `entry` names, checking its files and header against the whole entry and the codec.
 
@@ -139,13 +127,8 @@ def open_listed_shard(directory: str, entry: ShardEntry, codec: Codec, *, verify
         _check_shard_file(path, size)
     reader = Reader(prefix, verify_reads=verify_reads)
     try:
-        _check_header_against_entry(reader.header, entry, codec, reader.index_path)
-        if reader._codec.params() != codec.params():
-            raise FormatError(
-                f"shard does not match the manifest: its codec parameters are {reader._codec.params()}, "
-                f"the manifest says {codec.params()}",
-                path=reader.index_path,
-            )
+        check_header_against_entry(reader.header, entry, codec, reader.index_path)
+        check_codec_params(reader._codec, codec, reader.index_path)
     except FormatError:
         reader.close()
         raise
@@ -163,6 +146,55 @@ def verify_listed_shard(reader: Reader, entry: ShardEntry, progress: Callable[[i
     reader.verify(progress)
 
 
+class LocalDatasetSource:
+    """A dataset directory on a local or mounted filesystem, as `ShardedReader` reads it."""
+
+    is_remote = False
+
+    def __init__(self, directory: str) -> None:
+        self.directory = os.path.abspath(directory)
+
+    def read_manifest(self) -> Manifest:
+        return read_manifest(self.directory)
+
+    def check_listed(self, manifest: Manifest, codec: Codec) -> dict[int, VarstoreError]:
+        """The listed shards that fail `check_listed_shard`, by position."""
+        damaged: dict[int, VarstoreError] = {}
+        for position, entry in enumerate(manifest.shards):
+            try:
+                check_listed_shard(self.directory, entry, codec)
+            except _SHARD_ERRORS as error:
+                damaged[position] = error
+        return damaged
+
+    def open_shard(self, entry: ShardEntry, codec: Codec, *, verify_reads: bool, replaced_check: Callable[[], None]) -> Reader:
+        return open_listed_shard(self.directory, entry, codec, verify_reads=verify_reads)
+
+    @staticmethod
+    def fetch_shard(shard: Reader) -> None:
+        """Nothing: a local shard's files are here."""
+
+    @staticmethod
+    def state() -> None:
+        return None
+
+
+def dataset_source(
+    path: str,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_limit: int | None = None,
+) -> LocalDatasetSource | RemoteDatasetSource:
+    """Where a `ShardedReader` of `path` reads from: object storage for a URL, else the local directory."""
+    if is_url(path):
+        location = RemoteLocation(path, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
+        return RemoteDatasetSource(location)
+    if storage_options is not None or cache_dir is not None or cache_limit is not None:
+        raise VarstoreError("storage_options, cache_dir and cache_limit apply to URLs, not to a local path", path=path)
+    return LocalDatasetSource(path)
+
+
 class ShardedReader(ReaderBase):
     """A dataset directory read as one sequence of records, with the same API as `Reader`.
 
@@ -176,20 +208,30 @@ class ShardedReader(ReaderBase):
 
     kind = "dataset"
 
-    def __init__(self, directory: str | os.PathLike[str], *, verify_reads: bool = False) -> None:
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        verify_reads: bool = False,
+        storage_options: dict[str, Any] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | None = None,
+    ) -> None:
         self.path = os.fspath(directory)
         self.verify_reads = verify_reads
         self._quarantine: dict[int, str] | None = None
+        self._source = dataset_source(self.path, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
         self._open()
 
     @classmethod
-    def _open_quarantining(cls, directory: str | os.PathLike[str], *, verify_reads: bool = False) -> ShardedReader:
+    def _open_quarantining(cls, directory: str | os.PathLike[str], *, verify_reads: bool = False, **remote: Any) -> ShardedReader:
         """Open like the constructor, but set aside shards that cannot be opened or fail their manifest checks
         (listed in `_quarantine`, position -> reason) instead of failing; for ``on_damaged="skip"``."""
         reader = cls.__new__(cls)
         reader.path = os.fspath(directory)
         reader.verify_reads = verify_reads
         reader._quarantine = {}
+        reader._source = dataset_source(reader.path, **remote)
         reader._open()
         return reader
 
@@ -207,7 +249,7 @@ class ShardedReader(ReaderBase):
         np.cumsum(counts, out=self._starts[1:])
         self._start_list: list[int] = self._starts.tolist()
         self._count = int(self._starts[-1])
-        self._readers: OrderedDict[int, Reader] = OrderedDict()
+        self._readers: OrderedDict[int, Reader | RemoteShard] = OrderedDict()
         self._max_open = max_open_shards()
         self._lock = threading.Lock()
         self._closed = False
@@ -216,14 +258,9 @@ class ShardedReader(ReaderBase):
         """The manifest, its codec and the shards that fail their checks against it (`check_listed_shard`),
         read again while an overwrite changes it."""
         for _ in range(_OPEN_ATTEMPTS):
-            manifest = read_manifest(self._absolute_path)
+            manifest = self._source.read_manifest()
             codec = codec_from_stored(manifest.codec, manifest.codec_params, path=self.path)
-            damaged: dict[int, VarstoreError] = {}
-            for position, entry in enumerate(manifest.shards):
-                try:
-                    check_listed_shard(self._absolute_path, entry, codec)
-                except _SHARD_ERRORS as error:
-                    damaged[position] = error
+            damaged = self._source.check_listed(manifest, codec)
             if not damaged or self._version_on_disk() == manifest.version:
                 return manifest, codec, damaged
         raise DatasetReplacedError(
@@ -231,22 +268,34 @@ class ShardedReader(ReaderBase):
         )
 
     def _version_on_disk(self) -> int | None:
-        """The version of the manifest now on disk, or None if it cannot be read."""
+        """The version of the manifest now stored, or None if it cannot be read."""
         try:
-            return read_manifest(self._absolute_path).version
+            return self._source.read_manifest().version
         except VarstoreError:
             return None
+
+    def _raise_if_replaced(self) -> None:
+        """Raise `DatasetReplacedError` if the stored manifest is no longer the version this reader opened."""
+        found = self._version_on_disk()
+        if found != self._version:
+            raise replaced_error(self.kind, self.path, self._version, found)
 
     @property
     def version(self) -> int:
         """The version this reader opened: BLAKE2b-128 of its manifest's bytes."""
         return self._version
 
+    @property
+    def is_remote(self) -> bool:
+        """Whether the dataset is in object storage (opened from a URL)."""
+        return self._source.is_remote
+
     def __getstate__(self) -> dict[str, Any]:
-        return {**super().__getstate__(), "quarantining": self._quarantine is not None}
+        return {**super().__getstate__(), "quarantining": self._quarantine is not None, "remote": self._source.state()}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._quarantine = {} if state["quarantining"] else None
+        self._source = dataset_source(state["path"], **(state["remote"] or {}))
         super().__setstate__(state)
 
     @property
@@ -265,7 +314,7 @@ class ShardedReader(ReaderBase):
     def __repr__(self) -> str:
         return f"ShardedReader({self.path!r}, records={self._count}, shards={len(self.manifest.shards)}, codec={self.codec!r})"
 
-    def shard(self, position: int) -> Reader:
+    def shard(self, position: int) -> Reader | RemoteShard:
         """The `Reader` of shard number `position`, mapped and checked against the manifest on first use."""
         reader = self._readers.get(position)
         if reader is not None:
@@ -287,7 +336,9 @@ class ShardedReader(ReaderBase):
         if self._quarantine is not None and position in self._quarantine:
             raise FormatError(f"shard is set aside as damaged: {self._quarantine[position]}", path=self.shard_paths[position])
         try:
-            return open_listed_shard(self._absolute_path, self.manifest.shards[position], self._codec, verify_reads=self.verify_reads)
+            return self._source.open_shard(
+                self.manifest.shards[position], self._codec, verify_reads=self.verify_reads, replaced_check=self._raise_if_replaced
+            )
         except _SHARD_ERRORS as error:
             found = self._version_on_disk()
             if found != self._version:
@@ -295,6 +346,17 @@ class ShardedReader(ReaderBase):
             if self._quarantine is not None:
                 self._quarantine[position] = str(error)
             raise
+
+    def fetch_shard(self, position: int) -> None:
+        """Bring shard `position` whole into the node cache (a remote dataset; nothing for a local one): its
+        reads then use the local copy. Thread-safe, for a prefetching thread ahead of a stream."""
+        self._source.fetch_shard(self.shard(position))
+
+    def release_shard(self, position: int) -> None:
+        """Forget shard `position`'s open reader (its maps close once no record returned from them is alive),
+        so that the node cache can reclaim its files: what a stream does with a shard it has consumed."""
+        with self._lock:
+            self._readers.pop(position, None)
 
     def _shard_usable(self, position: int) -> bool:
         """For a quarantining reader: map shard `position` if it is not set aside already, and say whether it is usable."""

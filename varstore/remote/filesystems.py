@@ -213,8 +213,9 @@ def _describe(error: BaseException) -> str:
 
 @dataclass(frozen=True)
 class _Span:
-    """One request's byte range [start, end) covering one or more wanted ranges."""
+    """One request: bytes [start, end) of the object at `path`, covering one or more wanted ranges."""
 
+    path: str
     start: int
     end: int
 
@@ -256,13 +257,38 @@ def read_ranges(
     for start, end in ranges:
         if not 0 <= start <= end <= size:
             raise VarstoreError(f"byte range [{start}, {end}) is not within the object's {size} bytes", path=url)
-    spans = _merge_ranges([(start, end) for start, end in ranges if end > start], max_gap)
+    spans = _merge_ranges(path, [(start, end) for start, end in ranges if end > start], max_gap)
+    fetched = _fetch_spans(fs, spans, what=f"reading {len(spans)} byte range(s)", url=url, sleep=sleep)
+    span_starts = [span.start for span in spans]
+    return [_cut(fetched, spans, span_starts, start, end) for start, end in ranges]
+
+
+def read_heads(
+    fs: AbstractFileSystem,
+    sized_paths: Sequence[tuple[str, int]],
+    length: int,
+    *,
+    url: str,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[bytes]:
+    """The first `length` bytes (all, if fewer) of each object in `sized_paths` (path, size), in order:
+    one GET per object, all concurrent, each checked for its exact length and retried while missing."""
+    spans = [_Span(path, 0, min(length, size)) for path, size in sized_paths]
+    fetched = _fetch_spans(fs, [span for span in spans if span.end > 0], what=f"reading {len(spans)} headers", url=url, sleep=sleep)
+    return [fetched.get(span, b"") for span in spans]
+
+
+def _fetch_spans(
+    fs: AbstractFileSystem, spans: Sequence[_Span], *, what: str, url: str, sleep: Callable[[float], None]
+) -> dict[_Span, bytes]:
+    """The bytes of each span, fetched concurrently (`fs.cat_ranges`); a retry fetches only those still missing."""
     fetched: dict[_Span, bytes] = {}
 
     def fetch_missing() -> None:
         missing = [span for span in spans if span not in fetched]
         results = fs.cat_ranges(
-            [path] * len(missing), [span.start for span in missing], [span.end for span in missing], on_error="return"
+            [span.path for span in missing], [span.start for span in missing], [span.end for span in missing],
+            on_error="return",
         )
         failures: list[BaseException] = []
         for span, result in zip(missing, results):
@@ -278,9 +304,34 @@ def read_ranges(
             raise min(failures, key=is_transient)  # a permanent failure first: retrying cannot help it
 
     if spans:
-        with_retries(fetch_missing, what=f"reading {len(spans)} byte range(s)", url=url, sleep=sleep)
-    span_starts = [span.start for span in spans]
-    return [_cut(fetched, spans, span_starts, start, end) for start, end in ranges]
+        with_retries(fetch_missing, what=what, url=url, sleep=sleep)
+    return fetched
+
+
+def list_sizes(fs: AbstractFileSystem, path: str, *, url: str, sleep: Callable[[float], None] = time.sleep) -> dict[str, int]:
+    """The size of every object directly under the directory `path`, by name: a fresh listing (one LIST
+    request per 1,000 objects on S3), never fsspec's cached one, which misses what was written since."""
+
+    def listing() -> dict[str, int]:
+        fs.invalidate_cache(path)
+        entries = fs.ls(path, detail=True)
+        return {
+            entry["name"].rstrip("/").rsplit("/", 1)[-1]: int(entry.get("size") or 0)
+            for entry in entries
+            if entry.get("type") == "file"
+        }
+
+    return with_retries(listing, what="listing the objects", url=url, sleep=sleep)
+
+
+def read_object(
+    fs: AbstractFileSystem, path: str, *, url: str, max_size: int, sleep: Callable[[float], None] = time.sleep
+) -> bytes:
+    """The object at `path` read whole in one GET, for small objects where ranged reads could mix two versions
+    (a manifest): at most `max_size + 1` bytes, so a caller sees an object over `max_size` without fetching it."""
+    return with_retries(
+        lambda: bytes(fs.cat_file(path, start=0, end=max_size + 1)), what="reading the object", url=url, sleep=sleep
+    )
 
 
 def _offset(value: object, url: str) -> int:
@@ -293,14 +344,14 @@ def _offset(value: object, url: str) -> int:
     raise VarstoreError(f"a byte offset must be an integer, not {type(value).__name__} {value!r}", path=url)
 
 
-def _merge_ranges(ranges: Sequence[tuple[int, int]], max_gap: int) -> list[_Span]:
-    """The spans to request for non-empty `ranges`: sorted, overlapping or `max_gap`-near ranges joined."""
+def _merge_ranges(path: str, ranges: Sequence[tuple[int, int]], max_gap: int) -> list[_Span]:
+    """The spans of `path` to request for non-empty `ranges`: sorted, overlapping or `max_gap`-near ranges joined."""
     spans: list[_Span] = []
     for start, end in sorted(ranges):
         if spans and start - spans[-1].end <= max_gap:
-            spans[-1] = _Span(spans[-1].start, max(spans[-1].end, end))
+            spans[-1] = _Span(path, spans[-1].start, max(spans[-1].end, end))
         else:
-            spans.append(_Span(start, end))
+            spans.append(_Span(path, start, end))
     return spans
 
 

@@ -1,0 +1,147 @@
+"""A dataset in object storage as a `ShardedReader` source, and `open_url`, which opens what a URL names.
+
+The source does for a URL what the local source does for a directory, with requests instead of system
+calls: the manifest is one GET; the checks §3.1 requires at open are one LIST (every object's size, 1,000
+per request) and one concurrent GET of each listed index's 64-byte header; a shard opens as a `RemoteShard`
+when a record of it is first read.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from . import format as fmt
+from .codecs import Codec
+from .errors import FormatError, MissingFileError, VarstoreError
+from .manifest import (
+    MANIFEST_NAME,
+    MAX_MANIFEST_SIZE,
+    Manifest,
+    ShardEntry,
+    check_codec_params,
+    check_header_against_entry,
+    decode_manifest,
+)
+from .remote.filesystems import list_sizes, read_heads, read_object, with_retries
+from .remote.location import RemoteLocation
+from .remote_shard import ReplacedCheck, RemoteShard
+
+
+class RemoteDatasetSource:
+    """The dataset whose manifest is at `location`/manifest.json."""
+
+    is_remote = True
+
+    def __init__(self, location: RemoteLocation) -> None:
+        self.location = location
+
+    def read_manifest(self) -> Manifest:
+        """The manifest as it is now, read whole in one request."""
+        fs, _ = self.location.filesystem()
+        path, url = self.location.child(MANIFEST_NAME)
+        try:
+            raw = read_object(fs, path, url=url, max_size=MAX_MANIFEST_SIZE)
+        except MissingFileError:
+            raise MissingFileError(
+                f"no {MANIFEST_NAME}: not a varstore dataset, or its writer did not finish", path=self.location.url
+            ) from None
+        if len(raw) > MAX_MANIFEST_SIZE:
+            raise FormatError(f"manifest is over the limit of {MAX_MANIFEST_SIZE} bytes", path=url)
+        return decode_manifest(raw, path=url)
+
+    def check_listed(self, manifest: Manifest, codec: Codec) -> dict[int, VarstoreError]:
+        """The listed shards that fail the checks §3.1 requires at open, by position: each object's size (one
+        listing), then each index header against its entry (one concurrent read of every header)."""
+        fs, directory = self.location.filesystem()
+        sizes = list_sizes(fs, directory, url=self.location.url)
+        damaged: dict[int, VarstoreError] = {}
+        present: list[tuple[int, ShardEntry]] = []
+        for position, entry in enumerate(manifest.shards):
+            problem = _size_problem(self.location, entry, sizes)
+            if problem is None:
+                present.append((position, entry))
+            else:
+                damaged[position] = problem
+        index_objects = [(self.location.at(entry.name).sibling(fmt.INDEX_SUFFIX)[0], entry.index_size) for _, entry in present]
+        try:
+            heads = read_heads(fs, index_objects, fmt.HEADER_SIZE, url=self.location.url)
+        except MissingFileError as error:  # deleted since the listing: the dataset is being replaced, or damaged
+            return {**damaged, **{position: error for position, _ in present}}
+        for (position, entry), head in zip(present, heads):
+            index_url = self.location.at(entry.name).sibling(fmt.INDEX_SUFFIX)[1]
+            try:
+                header = fmt.unpack_header(head, index_size=entry.index_size, path=index_url)
+                check_header_against_entry(header, entry, codec, index_url)
+            except FormatError as error:
+                damaged[position] = error
+        return damaged
+
+    def open_shard(self, entry: ShardEntry, codec: Codec, *, verify_reads: bool, replaced_check: ReplacedCheck) -> RemoteShard:
+        """The shard `entry` names, its index fetched into the node cache and checked against the entry."""
+        shard = RemoteShard.open_listed(
+            self.location.at(entry.name),
+            sizes=(entry.data_size, entry.index_size),
+            index_crc32c=entry.index_crc32c,
+            verify_reads=verify_reads,
+            replaced_check=replaced_check,
+        )
+        try:
+            check_header_against_entry(shard.header, entry, codec, shard.index_path)
+            check_codec_params(shard._codec, codec, shard.index_path)
+        except FormatError:
+            shard.close()
+            raise
+        return shard
+
+    @staticmethod
+    def fetch_shard(shard: Any) -> None:
+        """Bring the shard's whole data object into the node cache; its reads then use the local copy."""
+        shard.fetch_data()
+
+    def state(self) -> dict[str, Any]:
+        """The options `dataset_source` takes to reach this dataset again from its URL."""
+        return self.location.options()
+
+
+def _size_problem(location: RemoteLocation, entry: ShardEntry, sizes: dict[str, int]) -> VarstoreError | None:
+    """Why the objects of `entry` do not match it (missing, or not the listed size), or None."""
+    for suffix, expected in ((fmt.DATA_SUFFIX, entry.data_size), (fmt.INDEX_SUFFIX, entry.index_size)):
+        url = location.at(entry.name).url + suffix
+        found = sizes.get(entry.name + suffix)
+        if found is None:
+            return MissingFileError("shard object listed in the manifest is missing", path=url)
+        if found != expected:
+            return FormatError(f"shard object is {found} bytes, the manifest says {expected}", path=url)
+    return None
+
+
+def open_url(
+    url: str,
+    *,
+    verify_reads: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_limit: int | None = None,
+) -> Any:
+    """What `url` names: a dataset (its directory or its manifest.json) as a `ShardedReader`, or one shard
+    (its prefix, or either of its objects) as a `RemoteShard`."""
+    from .sharded_reader import ShardedReader  # that module builds this one's source: imported when used
+
+    options = {"storage_options": storage_options, "cache_dir": cache_dir, "cache_limit": cache_limit}
+    url = url.rstrip("/")
+    if url.endswith("/" + MANIFEST_NAME):
+        return ShardedReader(url[: -len(MANIFEST_NAME) - 1], verify_reads=verify_reads, **options)
+    for suffix in (fmt.INDEX_SUFFIX, fmt.DATA_SUFFIX):
+        if url.endswith(suffix):
+            return RemoteShard(url[: -len(suffix)], verify_reads=verify_reads, **options)
+    location = RemoteLocation(url, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
+    fs, path = location.filesystem()
+    manifest_path, _ = location.child(MANIFEST_NAME)
+    if with_retries(lambda: fs.exists(manifest_path), what="looking for a manifest", url=url):
+        return ShardedReader(url, verify_reads=verify_reads, **options)
+    if with_retries(lambda: fs.exists(path + fmt.INDEX_SUFFIX), what="looking for a shard", url=url):
+        return RemoteShard(url, verify_reads=verify_reads, **options)
+    raise MissingFileError(
+        f"no varstore shard or dataset here: looked for {url}{fmt.INDEX_SUFFIX} and {url}/{MANIFEST_NAME}", path=url
+    )

@@ -1,0 +1,341 @@
+"""`RemoteShard`: a shard in object storage read with the API of `Reader`, without downloading its data.
+
+Its index file is fetched whole into the node cache (once per node, verified against its CRC32C) and
+mapped, so offsets cost nothing; records come by ranged reads of the data object, the ranges of a batch
+merged and fetched concurrently. Every record read from the network is checked against its stored CRC32C
+(when the shard has them, as varstore writes by default), because an object can be replaced under a reader
+and a network can lie. `fetch_data` brings the whole data object into the cache (streaming, `verify`);
+reads then slice the local map instead.
+
+Request cost, nothing cached: opening a shard alone is two HEADs, one GET of its header, one of the index
+and one or two of the data file's first and last 4 KiB (a shard of a dataset skips the HEADs and the
+header, which the dataset's open read). A read of one record is one GET of its bytes; a batch is one GET
+per span of records within 64 KiB of each other, all at once.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from . import format as fmt
+from .checksum import crc32c
+from .errors import ClosedError, CorruptRecordError, FormatError, MissingFileError, RecordTypeError, StorageError
+from .reader import FlatBatch, check_indices, decode_records, pack_flat, record_buffer
+from .reader_base import ReaderBase, require_version
+from .remote.filesystems import download_file, read_range, read_ranges, with_retries
+from .remote.location import RemoteLocation
+from .shard_index import ShardIndex, map_file
+
+# A scan (iteration, slices) fetches records in requests of about this many bytes.
+_SCAN_BYTES = 8 << 20
+_FETCH_ATTEMPTS = 3
+
+# Called when the data object is missing or a record fails its checksum: raises `DatasetReplacedError`
+# if the dataset holding the shard was replaced meanwhile (else returns, and the read's own error stands).
+ReplacedCheck = Callable[[], None]
+
+
+class RemoteShard(ReaderBase):
+    """A shard at a URL (its prefix: the objects are URL.data and URL.index), read by ranged requests.
+
+    ``varstore.open(url)`` returns one for a single shard; a remote `ShardedReader` opens one per shard.
+    It pickles as its URL, options and version, and reopens in the receiving process.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        verify_reads: bool = False,
+        storage_options: dict[str, Any] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | None = None,
+    ) -> None:
+        self.path = url
+        self.verify_reads = verify_reads
+        self._location = RemoteLocation(url, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
+        self._replaced_check: ReplacedCheck = _nothing_replaced
+        self._open()
+
+    @classmethod
+    def open_listed(
+        cls,
+        location: RemoteLocation,
+        *,
+        sizes: tuple[int, int],
+        index_crc32c: int,
+        verify_reads: bool,
+        replaced_check: ReplacedCheck,
+    ) -> RemoteShard:
+        """The shard at `location` whose (data, index) sizes and index CRC32C a manifest lists: no request
+        for what the manifest already says."""
+        shard = cls.__new__(cls)
+        shard.path = location.url
+        shard.verify_reads = verify_reads
+        shard._location = location
+        shard._replaced_check = replaced_check
+        shard._open_parts(*sizes, index_crc32c)
+        return shard
+
+    # -- opening -----------------------------------------------------------------------------
+
+    def _open(self) -> None:
+        fs, _ = self._location.filesystem()
+        data_path, data_url = self._location.sibling(fmt.DATA_SUFFIX)
+        index_path, index_url = self._location.sibling(fmt.INDEX_SUFFIX)
+        data_size = _object_size(fs, data_path, data_url)
+        index_size = _object_size(fs, index_path, index_url)
+        head = read_range(fs, index_path, 0, min(fmt.HEADER_SIZE, index_size), url=index_url, size=index_size)
+        header = fmt.unpack_header(head, index_size=index_size, path=index_url)
+        self._open_parts(data_size, index_size, fmt.index_crc32c(header))
+
+    def _open_parts(self, data_size: int, index_size: int, index_crc32c: int) -> None:
+        """Fetch the index (through the cache, verified against `index_crc32c`), check it as §1.3 says against
+        the data object's `data_size` and its first and last 4 KiB, and map it."""
+        self._data_path, self.data_path = self._location.sibling(fmt.DATA_SUFFIX)
+        index_path, self.index_path = self._location.sibling(fmt.INDEX_SUFFIX)
+        self._data_map: mmap.mmap | bytes | None = None
+        fd = self._fetch_and_open(self.index_path, index_size, index_crc32c, index_path)
+        try:
+            edges = fmt.edge_ranges(data_size)  # (offset, length) pairs
+            fetched = self._read_data([(offset, offset + length) for offset, length in edges], data_size)
+            edge_bytes = dict(zip(edges, fetched))
+            index = ShardIndex.open(
+                fd, data_size, lambda offset, length: edge_bytes[(offset, length)],
+                index_path=self.index_path, data_path=self.data_path,
+            )
+        finally:
+            os.close(fd)
+        if self.verify_reads and index.checksums is None:
+            raise FormatError("verify_reads=True but this shard was written without record checksums", path=self.index_path)
+        self._index = index
+        self._index_map = index.map
+        self._codec = index.codec
+        self.header = index.header
+        self._count = index.count
+        self._data_size = data_size
+        self._closed = False
+
+    # -- description -------------------------------------------------------------------------
+
+    @property
+    def is_remote(self) -> bool:
+        return True
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The user metadata the writer stored, parsed from the cached index."""
+        self._check_open()
+        return self._index.metadata()
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """The N + 1 record offsets, a read-only uint64 view of the cached index."""
+        self._check_open()
+        return self._index.offsets
+
+    def record_sizes(self) -> np.ndarray:
+        """Every record's payload size in bytes (from the index alone: no data is read)."""
+        self._check_open()
+        return self._index.record_sizes()
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __repr__(self) -> str:
+        return f"RemoteShard({self.path!r}, records={self._count}, codec={self.codec!r})"
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self._count)
+            if step == 1:
+                return self._read_range(start, max(start, stop))
+            return self.get_batch(range(start, stop, step))
+        if isinstance(index, (bool, np.bool_)) or not hasattr(index, "__index__"):
+            raise RecordTypeError(f"record indices are integers or slices, not {type(index).__name__}", path=self.path)
+        return self.get_batch([index.__index__()])[0]
+
+    def get_batch(self, indices: Sequence[int] | np.ndarray) -> list[Any]:
+        """Records at `indices`, in that order: their byte ranges merged into as few requests as the gaps
+        allow, fetched at once, each record checked against its CRC32C."""
+        indices = self._check_indices(indices)
+        starts, ends, joined = self._gather(indices)
+        offsets = _offsets_of(starts, ends)
+        if self._index.dtype is not None:
+            self._index.check_rows(indices, starts, ends)  # where they lay in the data file, not in `joined`
+        return decode_records(self._index, record_buffer(self._codec, bytes(joined)), indices, offsets[:-1], offsets[1:])
+
+    def get_batch_flat(self, indices: Sequence[int] | np.ndarray) -> FlatBatch:
+        """Records at `indices` packed into one buffer plus offsets, as `Reader.get_batch_flat`."""
+        indices = self._check_indices(indices)
+        starts, ends, joined = self._gather(indices)
+        return pack_flat(self._index, indices, starts, ends, joined)
+
+    def _read_range(self, start: int, stop: int) -> list[Any]:
+        records: list[Any] = []
+        for chunk_start, chunk_stop in self._scan_chunks(start, stop):
+            records += self.get_batch(np.arange(chunk_start, chunk_stop))
+        return records
+
+    def __iter__(self) -> Iterator[Any]:
+        for start, stop in self._scan_chunks(0, self._count):
+            yield from self.get_batch(np.arange(start, stop))
+
+    def iter_flat(self, batch_size: int = 4096) -> Iterator[FlatBatch]:
+        """Consecutive records, `batch_size` at a time, as `FlatBatch` copies (one request per batch)."""
+        self._check_open()
+        if batch_size < 1:
+            raise RecordTypeError(f"batch_size must be positive, not {batch_size}", path=self.path)
+        for start in range(0, self._count, batch_size):
+            yield self.get_batch_flat(np.arange(start, min(start + batch_size, self._count)))
+
+    def prefetch(self, start: int, stop: int) -> None:
+        """Nothing: a remote shard's records arrive when read; `fetch_data` brings the whole data object."""
+        self._check_open()
+
+    def _scan_chunks(self, start: int, stop: int) -> Iterator[tuple[int, int]]:
+        """Records [start, stop) in runs of at most `_SCAN_BYTES` (or one record, if larger), one request each."""
+        self._check_open()
+        offsets = self._index.checked_offsets(start, stop)
+        position, count = 0, stop - start
+        while position < count:
+            end = int(np.searchsorted(offsets, offsets[position] + _SCAN_BYTES, side="right")) - 1
+            end = min(max(end, position + 1), count)
+            yield start + position, start + end
+            position = end
+
+    def _check_indices(self, indices: Any) -> np.ndarray:
+        self._check_open()
+        return check_indices(indices, self._count, self.path)
+
+    def _gather(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, bytearray]:
+        """Byte ranges of the records at `indices` and their bytes joined back to back, each checked against
+        its record CRC32C."""
+        starts, ends = self._index.checked_ranges(indices)
+        pieces = self._read_data(list(zip(starts.tolist(), ends.tolist())), self._data_size)
+        checksums = self._index.checksums
+        if checksums is not None:
+            actual = np.fromiter(map(crc32c, pieces), np.uint32, len(pieces))
+            wrong = np.flatnonzero(actual != checksums[indices])
+            if wrong.size:
+                self._replaced_check()
+                position = int(wrong[0])
+                raise CorruptRecordError(
+                    f"record {int(indices[position])} checksum is {int(actual[position]):#010x}, expected "
+                    f"{int(checksums[indices[position]]):#010x}: the object changed or arrived damaged",
+                    path=self.data_path,
+                    records=indices[wrong].tolist(),
+                )
+        return starts, ends, bytearray().join(pieces)
+
+    def _read_data(self, ranges: list[tuple[int, int]], size: int) -> list[bytes]:
+        """Bytes of each range of the data object: from the cached copy if `fetch_data` brought one, else by
+        ranged requests."""
+        data_map = self._data_map
+        if data_map is not None:
+            return [data_map[start:end] for start, end in ranges]
+        fs, _ = self._location.filesystem()
+        try:
+            return read_ranges(fs, self._data_path, ranges, url=self.data_path, size=size)
+        except MissingFileError:
+            self._replaced_check()
+            raise
+
+    # -- whole data --------------------------------------------------------------------------
+
+    def fetch_data(self) -> None:
+        """Bring the whole data object into the node cache (verified against the header's data CRC32C) and
+        read it through a map from now on. Thread-safe; a second call does nothing."""
+        self._check_open()
+        if self._data_map is not None:
+            return
+        fd = self._fetch_and_open(self.data_path, self._data_size, self.header.data_crc32c, self._data_path)
+        try:
+            self._data_map = map_file(fd, self._data_size)
+        finally:
+            os.close(fd)
+
+    def _fetch_and_open(self, url: str, size: int, crc32c: int, fs_path: str) -> int:
+        """A descriptor of the cached copy of the object at `url` (fetched into the node cache if no process on
+        this node has it). Another process may evict it between the fetch and the open: then fetch again."""
+        fs, _ = self._location.filesystem()
+        for _ in range(_FETCH_ATTEMPTS):
+            try:
+                local = self._location.cache.fetch(
+                    url, size, crc32c, lambda temporary: download_file(fs, fs_path, temporary, url=url)
+                )
+            except (MissingFileError, StorageError):
+                self._replaced_check()
+                raise
+            try:
+                return os.open(local, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            except OSError as error:
+                raise StorageError(f"cannot open the cached copy: {error.strerror or error}", path=local) from None
+        raise StorageError(
+            f"the cached copy was evicted {_FETCH_ATTEMPTS} times before it could be opened: the cache limit "
+            f"({self._location.cache.limit_bytes} bytes) is too small for the readers sharing it",
+            path=url,
+        )
+
+    def verify(self, progress: Callable[[int], None] | None = None) -> None:
+        """Fetch the whole data object (`fetch_data`), then check every byte and every rule a read checks, as
+        `Reader.verify` does."""
+        self.fetch_data()
+        buffer = record_buffer(self._codec, self._data_map)
+        self._index.verify(self._data_map, buffer.decode, progress)
+
+    # -- life cycle --------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("the reader is closed", path=self.path)
+
+    def close(self) -> None:
+        """Release the maps; arrays already returned stay valid until they are freed."""
+        if self._closed:
+            return
+        self._closed = True
+        self._count = 0
+        self._index.close()
+        data_map, self._data_map = self._data_map, None
+        if isinstance(data_map, mmap.mmap):
+            try:
+                data_map.close()
+            except BufferError:
+                pass  # arrays returned to the caller still view it; it closes when they are freed
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "location": self._location.state()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._location = RemoteLocation.from_state(state["location"])
+        self._replaced_check = _nothing_replaced
+        super().__setstate__(state)
+
+
+def _nothing_replaced() -> None:
+    """A shard opened alone has no manifest to tell a replacement from damage: its read errors stand."""
+
+
+def _offsets_of(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    offsets = np.zeros(len(starts) + 1, np.int64)
+    np.cumsum((ends - starts).astype(np.int64), out=offsets[1:])
+    return offsets
+
+
+def _object_size(fs: Any, path: str, url: str) -> int:
+    """The size of the object at `path`, asked afresh (fsspec caches listings)."""
+
+    def info() -> int:
+        fs.invalidate_cache(path)
+        return int(fs.info(path)["size"])
+
+    return with_retries(info, what="finding the object's size", url=url)
