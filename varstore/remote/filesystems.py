@@ -13,6 +13,7 @@ Request cost, when nothing fails (each transient failure adds one request for wh
 - `open_filesystem`: none (clients connect on first use).
 - `read_range`: one GET; `read_ranges`: one GET per span of merged ranges, concurrent; none for empty ranges.
   Both take the object's size from the caller (the manifest knows it) and refuse ranges outside it unsent.
+- `read_heads`: one GET per object, concurrent. `read_object`: one GET. `list_sizes`: one LIST per 1,000 objects.
 - `upload_file`: one PUT; s3fs uploads a large file (twice its block size, 50 MiB, or more) in parts, a
   request each plus two. A retry sends the whole file again.
 - `download_file`: one GET; for an object larger than s3fs's block size, further concurrent ranged GETs for
