@@ -14,10 +14,13 @@ Sample k is a pure function of (k, seed, weights, source names and lengths):
    are computed once at construction (O(#segments x #sources)), so the j-th use of
    a source is its count before the segment plus its count inside it: a schedule
    change carries every source's position across, and none is repeated or skipped.
-3. **Which record.** Use j of a source of n records is position ``j % n`` of epoch
-   ``j // n``, mapped through a keyed permutation of ``range(n)`` (a Feistel network,
-   see `permutation`) chosen by (seed, source name, epoch): every record once per
-   epoch, a fresh order each epoch, and no array per sample or per record.
+3. **Which record.** Use j of a source of n records is position ``p = j % n`` of
+   epoch ``e = j // n``, and its record is ``P((a_e p + b_e) % n)``: P is a keyed
+   permutation of ``range(n)`` (a Feistel network, see `permutation`) chosen by
+   (seed, source name), and ``a_e`` (coprime to n), ``b_e`` are drawn from a hash of
+   (seed, source name, e). Both maps are bijections, so every record comes once per
+   epoch, in a new order each epoch, with no array per sample or per record; and a
+   batch costs one vectorised P call per source, however many epochs it spans.
 
 Megatron's blend builds two per-sample index arrays (10 bytes a sample, so 10 TB
 at 10**12 samples) and caches them on disk; here nothing grows with the length.
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import math
 import os
 from dataclasses import dataclass
 from fractions import Fraction
@@ -124,6 +128,15 @@ def _name_key(name: str) -> int:
     return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
 
 
+def _epoch_map(length: int, seed: int, name_key: int, epoch: int) -> tuple[int, int]:
+    """(a, b) with ``gcd(a, length) == 1``, so ``p -> (a p + b) % length`` is the epoch's own bijection of ``range(length)``."""
+    digest = hashlib.blake2b(f"{seed}:{name_key}:{epoch}".encode(), digest_size=16).digest()
+    a, b = int.from_bytes(digest[:8], "little") % length, int.from_bytes(digest[8:], "little") % length
+    while math.gcd(a, length) != 1:  # a few steps: numbers coprime to length are dense enough
+        a = (a + 1) % length
+    return a, b
+
+
 def _exact_weight(name: str, weight: Any, segment_start: int) -> Fraction:
     if isinstance(weight, bool) or not isinstance(weight, (Real, np.integer, np.floating)):
         raise VarstoreError(f"the weight of source {name!r} (segment at {segment_start}) must be a number, not {weight!r}")
@@ -173,8 +186,8 @@ class BlendedDataset(Dataset):
     used, and a source's position carries across segments. A new schedule whose
     segments before sample c equal the old one (same start, same normalised weights)
     gives the same first c samples. Construction costs O(#segments x #sources);
-    a lookup, O(log #sources + log #segments) integer operations plus one permutation
-    evaluation (a few microseconds). Order comes from the blend, so pair it with
+    a lookup, O(log #sources + log #segments) integer operations, a hash per source
+    epoch met and one vectorised permutation call per source per batch. Order comes from the blend, so pair it with
     ``ExactlyOnceSampler(blend, shuffle=False)`` (or a `DistributedSampler` without
     shuffle) to read the blend in order, split across ranks.
     """
@@ -200,6 +213,10 @@ class BlendedDataset(Dataset):
         self.sources = [_opened(name, sources[name]) for name in self.names]
         self._lengths = [len(source) for source in self.sources]
         self._name_keys = [_name_key(name) for name in self.names]
+        self._orders = [
+            Permutation(length, derive_key(_BLEND_PURPOSE, self.seed, name_key))
+            for length, name_key in zip(self._lengths, self._name_keys)
+        ]
         self._segments = self._build_segments(_as_schedule(weights))
         self._starts = [segment.start for segment in self._segments]
 
@@ -258,25 +275,31 @@ class BlendedDataset(Dataset):
         segment = self._segment(sample)
         return segment.locate(sample - segment.start)
 
-    def _permutation(self, source: int, epoch: int) -> Permutation:
-        return Permutation(self._lengths[source], derive_key(_BLEND_PURPOSE, self.seed, self._name_keys[source], epoch))
-
     def locate(self, sample: int) -> tuple[str, int]:
         """(source name, record index in that source) of blend sample `sample`."""
-        source, use = self._use(self._check_sample(sample))
-        epoch, position = divmod(use, self._lengths[source])
-        return self.names[source], int(self._permutation(source, epoch)([position])[0])
+        source, record = self._records([sample])[0]
+        return self.names[source], record
+
+    def _shuffled_position(self, source: int, use: int, epoch_maps: dict[tuple[int, int], tuple[int, int]]) -> int:
+        """Where the source's `use` lands before P: its epoch position through the epoch's affine map."""
+        length = self._lengths[source]
+        epoch, position = divmod(use, length)
+        if (source, epoch) not in epoch_maps:
+            epoch_maps[source, epoch] = _epoch_map(length, self.seed, self._name_keys[source], epoch)
+        a, b = epoch_maps[source, epoch]
+        return (a * position + b) % length
 
     def _records(self, samples: Sequence[int]) -> list[tuple[int, int]]:
-        """(source number, record) of each sample, with one permutation built per (source, epoch) met."""
+        """(source number, record) of each sample, with one vectorised permutation call per source met."""
         uses = [self._use(self._check_sample(sample)) for sample in samples]
-        groups: dict[tuple[int, int], list[int]] = {}
-        for row, (source, use) in enumerate(uses):
-            groups.setdefault((source, use // self._lengths[source]), []).append(row)
+        epoch_maps: dict[tuple[int, int], tuple[int, int]] = {}
+        rows_by_source: dict[int, list[int]] = {}
+        for row, (source, _) in enumerate(uses):
+            rows_by_source.setdefault(source, []).append(row)
         records = [0] * len(uses)
-        for (source, epoch), rows in groups.items():
-            positions = [uses[row][1] % self._lengths[source] for row in rows]
-            for row, record in zip(rows, self._permutation(source, epoch)(positions).tolist()):
+        for source, rows in rows_by_source.items():
+            positions = [self._shuffled_position(source, uses[row][1], epoch_maps) for row in rows]
+            for row, record in zip(rows, self._orders[source](positions).tolist()):
                 records[row] = record
         return [(source, record) for (source, _), record in zip(uses, records)]
 
