@@ -8,18 +8,21 @@ object, then its index object, so an index object means a whole data object) to 
 manifest is uploaded last, to ``URL/manifest.json``: a reader never finds a manifest naming an object that
 is not whole, and a killed writer leaves no manifest (or the previous one, untouched).
 
-State that must outlive this node lives at the URL: the writer journal object ``URL/.varstore-journal``
-(the format of `varstore.journal`), uploaded when the run begins and again before each shard's upload,
-listing the run's shards with their manifest entries (sizes and checksums) and which manifest the run
-replaces. It is what ``resume=True`` continues, from any machine: the staging directory is scratch,
-emptied whenever a writer starts. A resume adopts the journal's shards after checking each one's objects
-against its entry (data object size; index object size and CRC32C; the index header's record count and
-data size); only the last one may be missing or partial (the upload a kill cut short), and its objects
-are deleted. Readers ignore the journal (it is no shard name); the manifest commit deletes it.
+State that must outlive this node lives at the URL, so that ``resume=True`` works from any machine (the
+staging directory is scratch, emptied whenever a writer starts): the shard objects themselves, and the
+writer journal object ``URL/.varstore-journal`` (the format of `varstore.journal`), uploaded once when the
+run begins: the run's codec, which manifest it replaces (CRC32C of its bytes) and the run's first shard
+name. Its shards are then the shard objects at the URL numbered from that name and not in the live
+manifest, found with one listing: the journal stays a few hundred bytes and costs one PUT per run, not
+one per shard. A resume adopts them in order after checking each one's objects (both present, the index
+header's data size equal to the data object's size, the codec this writer's); only the last may lack its
+index (the upload a kill cut short), and its objects are deleted; each adopted shard's manifest entry is
+computed from its index object (one GET each). Readers ignore the journal (no manifest names it); the
+manifest commit deletes it.
 
-What a kill leaves, at each point: before the first journal upload, nothing (or the previous dataset);
-during a shard's upload, the journal naming that shard, the shards before it whole, the previous manifest
-live; between the manifest upload and the clean-up, the new dataset committed with the journal and the
+What a kill leaves, at each point: before the journal upload, nothing (or the previous dataset); during
+a shard's upload, the journal, the shards before it whole and perhaps its data object, the previous
+manifest live; between the manifest upload and the clean-up, the new dataset committed with the journal and the
 replaced version's objects left over (an ``overwrite=True`` writer later removes the journal; those
 objects stay, unreferenced). With ``overwrite=True`` shard names continue past every name the live
 manifest lists, so a reader of the old version finds its objects until the new manifest lands; then the
@@ -44,13 +47,14 @@ from typing import Any
 
 from . import format as fmt
 from .checksum import crc32c
+from .codecs import codec_from_stored
 from .errors import ConcurrentWriterError, FormatError, MissingFileError, ShardExistsError, StorageError, VarstoreError
 from .journal import JOURNAL_NAME, Journal, Run, check_codec, journal_path, new_run, read_journal
 from .locking import DIRECTORY_LOCK_NAME
 from .manifest import MANIFEST_NAME, MAX_MANIFEST_SIZE, Manifest, ShardEntry, decode_manifest
 from .remote.cache import default_cache_dir
 from .remote.filesystems import open_filesystem, upload_file, with_retries
-from .run_start import StartedRun, number_after
+from .run_start import StartedRun, number_after, numbered_shard_name, shard_number
 from .sharded_writer import ShardedWriter
 from .storage import remove_quietly
 
@@ -79,6 +83,7 @@ class RemoteShardedWriter(ShardedWriter):
             ) from None
 
     def _locate(self, directory: Any, storage_options: dict[str, Any] | None) -> tuple[str, str]:
+        self._uploading: str | None = None  # the shard whose upload began last
         url = str(directory).rstrip("/")
         self._fs, self._root = open_filesystem(url, storage_options)
         self._root = self._root.rstrip("/")
@@ -100,13 +105,17 @@ class RemoteShardedWriter(ShardedWriter):
         previous = self._live_manifest(raw, replacing=overwrite or resume)
         live_names = {entry.name for entry in previous.shards} if previous is not None else set()
         interrupted = self._read_journal()
-        # Names past every one the live manifest and the interrupted run used, a discarded upload's included: a
-        # killed writer's request still in flight can then never land on a name this run writes.
-        used = list(live_names) + (interrupted.begun if interrupted is not None else [])
+        listed = self._listed_shards()
+        # Names past every one the live manifest lists and every shard object here (a discarded upload's too).
+        next_number = number_after(list(live_names) + list(listed))
+        adopted: list[ShardEntry] = []
         if resume and (interrupted is not None or replaces is not None):
-            adopted = self._resume(interrupted, replaces)
+            adopted = self._resume(interrupted, replaces, self._run_shards(interrupted, listed, live_names), listed)
         else:
-            adopted = self._start_new(interrupted, replaces, overwrite, live_names)
+            self._start_new(interrupted, replaces, overwrite, next_number)
+            if interrupted is not None:
+                for name in self._run_shards(interrupted, listed, live_names):
+                    self._delete_shard_objects(name)
         local_run = new_run(self._codec.name, self._codec.params(), None)
         local_run.begun = [entry.name for entry in adopted]
         local_run.committed = {entry.name: entry for entry in adopted}
@@ -115,7 +124,7 @@ class RemoteShardedWriter(ShardedWriter):
             live_names=live_names,
             adopted=adopted,
             record_count=sum(entry.records for entry in adopted),
-            next_number=number_after(used),
+            next_number=next_number,
             overwrite=replaces is not None,
             run=local_run,
             journal=Journal.start(self._directory, local_run),  # the staging directory's own, for the local writer
@@ -149,8 +158,8 @@ class RemoteShardedWriter(ShardedWriter):
                 ) from None
             return None
 
-    def _start_new(self, interrupted: Run | None, replaces: int | None, overwrite: bool, live_names: set[str]) -> list[ShardEntry]:
-        """Begin a new run (a new dataset or an overwrite); an interrupted run's objects are deleted."""
+    def _start_new(self, interrupted: Run | None, replaces: int | None, overwrite: bool, first_number: int) -> None:
+        """Begin a new run (a new dataset or an overwrite) whose shards are numbered from `first_number`."""
         if replaces is not None and not overwrite:
             raise ShardExistsError("a dataset already exists here; pass overwrite=True to replace it", path=self.path)
         if interrupted is not None and not overwrite:
@@ -159,17 +168,15 @@ class RemoteShardedWriter(ShardedWriter):
                 path=self.path,
             )
         self._remote_run = new_run(self._codec.name, self._codec.params(), replaces)
-        # The new journal replaces the old one before the old run's objects go: a kill in between leaves a
-        # run that can be resumed (with nothing adopted) rather than a journal naming deleted objects.
+        self._remote_run.begun = [numbered_shard_name(first_number, self.path)]
+        # The new journal replaces the old one before the caller deletes the old run's objects: a kill in
+        # between leaves a run that can be resumed (with nothing adopted), its shards numbered past them.
         self._upload_journal()
-        if interrupted is not None:
-            for name in interrupted.begun:
-                if name not in live_names:
-                    self._delete_shard_objects(name)
-        return []
 
-    def _resume(self, interrupted: Run | None, replaces: int | None) -> list[ShardEntry]:
-        """Continue the run the journal object describes, adopting the shards whose objects are whole."""
+    def _resume(
+        self, interrupted: Run | None, replaces: int | None, names: list[str], listed: dict[str, dict[str, int]]
+    ) -> list[ShardEntry]:
+        """Continue the run the journal object describes, adopting its shards `names` whose objects are whole."""
         if interrupted is None:
             raise ShardExistsError(
                 "nothing to resume: resume=True continues only a writer that did not upload its manifest, and here a "
@@ -183,62 +190,70 @@ class RemoteShardedWriter(ShardedWriter):
                 if replaces is not None else "cannot resume: the manifest the interrupted run was replacing is gone",
                 path=self.path,
             )
-        adopted = self._adopt_uploaded_shards(interrupted)
-        interrupted.begun = [entry.name for entry in adopted]
-        interrupted.committed = {entry.name: entry for entry in adopted}
-        self._remote_run = interrupted
-        self._upload_journal()
-        return adopted
-
-    def _adopt_uploaded_shards(self, run: Run) -> list[ShardEntry]:
-        """The run's shards in order whose objects match their journal entries; the last one's upload may have
-        been cut short (its objects are deleted), an earlier one must be whole."""
-        names = [name for name in run.begun if name in run.committed]
+        self._remote_run = interrupted  # its journal object stands as it is: the run's shards are found by listing
         adopted: list[ShardEntry] = []
         for position, name in enumerate(names):
-            problem = self._uploaded_shard_problem(run.committed[name])
-            if problem is None:
-                adopted.append(run.committed[name])
+            entry, problem = self._uploaded_shard(name, listed[name])
+            if entry is not None:
+                adopted.append(entry)
                 continue
             if position < len(names) - 1:
                 raise FormatError(
-                    f"cannot resume: shard {name}, which the writer journal says was uploaded before others, {problem}. "
+                    f"cannot resume: shard {name}, uploaded before others of the interrupted run, {problem}. "
                     "Write the dataset again with overwrite=True",
                     path=self.path,
                 )
-            self._delete_shard_objects(name)
+            self._delete_shard_objects(name)  # the upload a kill cut short
         return adopted
 
-    def _uploaded_shard_problem(self, entry: ShardEntry) -> str | None:
-        """What is wrong with shard `entry`'s objects (None if they match it): data object size, index object size,
-        CRC32C and header."""
-        data_name, index_name = (os.path.basename(path) for path in fmt.shard_paths(entry.name))
+    def _uploaded_shard(self, name: str, sizes: dict[str, int]) -> tuple[ShardEntry | None, str]:
+        """The manifest entry of uploaded shard `name` (its objects' listed `sizes` by suffix), computed from its
+        index object; or None and what is wrong with it."""
+        if fmt.DATA_SUFFIX not in sizes or fmt.INDEX_SUFFIX not in sizes:
+            return None, "lacks its data or index object"
+        url = self._url(name + fmt.INDEX_SUFFIX)
+        index = with_retries(lambda: self._fs.cat_file(self._object(name + fmt.INDEX_SUFFIX)), what="reading an uploaded index", url=url)
         try:
-            data_size = with_retries(lambda: self._fs.size(self._object(data_name)), what="checking an uploaded shard",
-                                     url=self._url(data_name))
-            index = with_retries(lambda: self._fs.cat_file(self._object(index_name)), what="checking an uploaded shard",
-                                 url=self._url(index_name))
-        except MissingFileError as error:
-            return f"is missing an object ({error})"
-        if data_size != entry.data_size:
-            return f"has a data object of {data_size} bytes, not {entry.data_size}"
-        if len(index) != entry.index_size or crc32c(index) != entry.index_crc32c:
-            return f"has an index object of {len(index)} bytes that is not the one committed ({entry.index_size} bytes)"
-        try:
-            header = fmt.unpack_header(index[: fmt.HEADER_SIZE], index_size=len(index), path=self._url(index_name))
+            header = fmt.unpack_header(index[: fmt.HEADER_SIZE], index_size=len(index), path=url)
+            params, _ = fmt.decode_metadata(index[fmt.HEADER_SIZE : fmt.HEADER_SIZE + header.metadata_size], path=url)
+            codec = codec_from_stored(header.codec_id, params, path=url)
         except FormatError as error:
-            return f"has a damaged index ({error})"
-        if (header.record_count, header.data_size) != (entry.records, entry.data_size):
-            return "has an index header that disagrees with the writer journal"
-        return None
+            return None, f"has a damaged index ({error})"
+        if header.data_size != sizes[fmt.DATA_SUFFIX]:
+            return None, f"has a data object of {sizes[fmt.DATA_SUFFIX]} bytes, its index expects {header.data_size}"
+        if (codec.name, codec.params()) != (self._codec.name, self._codec.params()):
+            return None, f"stores codec {codec.name} {codec.params()}, this writer was given {self._codec.name} {self._codec.params()}"
+        return ShardEntry(name, header.record_count, header.data_size, len(index), crc32c(index), header.data_crc32c), ""
+
+    def _listed_shards(self) -> dict[str, dict[str, int]]:
+        """The shard objects at the URL: for each ``shard-NNNNNN`` name, its objects' sizes by suffix (one listing)."""
+        try:
+            infos = with_retries(lambda: self._fs.ls(self._root, detail=True), what="listing the dataset", url=self.path)
+        except MissingFileError:
+            return {}
+        listed: dict[str, dict[str, int]] = {}
+        for info in infos:
+            object_name = os.path.basename(str(info["name"]).rstrip("/"))
+            for suffix in (fmt.DATA_SUFFIX, fmt.INDEX_SUFFIX):
+                name = object_name[: -len(suffix)]
+                if object_name.endswith(suffix) and shard_number(name) is not None:
+                    listed.setdefault(name, {})[suffix] = int(info["size"])
+        return listed
+
+    @staticmethod
+    def _run_shards(run: Run | None, listed: dict[str, dict[str, int]], live_names: set[str]) -> list[str]:
+        """The shards of `run` among the objects `listed`: those numbered from its first shard that the live
+        manifest does not list, in order."""
+        if run is None or not run.begun or shard_number(run.begun[0]) is None:
+            return []
+        first = shard_number(run.begun[0])
+        return sorted((name for name in listed if name not in live_names and shard_number(name) >= first), key=shard_number)
 
     # The commit points.
 
     def _publish_shard(self, entry: ShardEntry) -> None:
-        """Journal the shard, upload its data then its index object, and delete the staged copy."""
-        self._remote_run.begun.append(entry.name)
-        self._remote_run.committed[entry.name] = entry
-        self._upload_journal()
+        """Upload the shard's data then its index object, and delete the staged copy."""
+        self._uploading = entry.name
         staged = fmt.shard_paths(os.path.join(self._directory, entry.name))
         for local in staged:  # data first: an index object is only ever beside a whole data object
             name = os.path.basename(local)
@@ -300,15 +315,14 @@ class RemoteShardedWriter(ShardedWriter):
                 self._delete_shard_objects(entry.name)
 
     def _abandon_run(self) -> None:
-        super()._abandon_run()
-        kept = self.shard_names[: self._adopted]
-        dropped = [name for name in self._remote_run.begun if name not in kept]
-        if self._adopted:
-            self._remote_run.begun = kept
-            self._remote_run.committed = {name: self._remote_run.committed[name] for name in kept}
-            self._upload_journal()
+        """Delete the objects this writer uploaded (the shard it was uploading too), then end the run as a local
+        writer does; a resumed run keeps its journal, which then finds only the adopted shards."""
+        dropped = self.shard_names[self._adopted :]
+        if self._uploading is not None and self._uploading not in self.shard_names:
+            dropped.append(self._uploading)
         for name in dropped:
             self._delete_shard_objects(name)
+        super()._abandon_run()
 
     # Objects.
 

@@ -232,9 +232,15 @@ def numbered_shard_name(number: int, directory: str) -> str:
     return name
 
 
+def shard_number(name: str) -> int | None:
+    """NNNNNN of a ``shard-NNNNNN`` name; None for any other name."""
+    match = _NUMBERED_SHARD.fullmatch(name)
+    return int(match.group(1)) if match else None
+
+
 def number_after(names: Iterable[str]) -> int:
     """One more than the highest number of a ``shard-NNNNNN`` name among `names` (0 if none)."""
-    numbers = [int(match.group(1)) for name in names if (match := _NUMBERED_SHARD.fullmatch(name))]
+    numbers = [number for number in map(shard_number, names) if number is not None]
     return max(numbers, default=-1) + 1
 
 
