@@ -4,6 +4,7 @@ fork and spawn, and a 2-rank gloo group whose ranks together read exactly the bl
 from __future__ import annotations
 
 import json
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ import torch.multiprocessing
 from torch.utils.data import DataLoader, DistributedSampler
 
 import varstore
+from varstore import VarstoreError
 from varstore.torch import BlendedDataset, ExactlyOnceSampler, JaggedBatch, RecordDataset, TokenWindowDataset, collate_jagged
 
 from .test_torch_distributed import _free_port
@@ -119,3 +121,25 @@ def test_two_gloo_ranks_together_read_exactly_the_blends_first_samples(sources, 
     # The stock sampler pads the last rank with sample 0 to even out the ranks.
     stock = by_rank[0]["stock"] + by_rank[1]["stock"]
     assert sorted(stock) == sorted(expected + [expected[0]])
+
+
+def test_megatrons_data_path_spelling_blends_the_paths_by_their_exact_decimal_weights(sources):
+    spelled = BlendedDataset.from_data_path(f"0.3 {sources['web']} 0.7 {sources['code']}", num_samples=60, seed=2)
+    explicit = BlendedDataset(
+        {path: path for path in sources.values()},
+        {sources["web"]: Fraction(3, 10), sources["code"]: Fraction(7, 10)},
+        num_samples=60,
+        seed=2,
+    )
+    assert [spelled.locate(sample) for sample in range(60)] == [explicit.locate(sample) for sample in range(60)]
+    assert spelled.describe(60)[sources["web"]].samples == 18
+    alone = BlendedDataset.from_data_path([sources["code"]], num_samples=5)
+    assert {name for name, _ in map(alone.locate, range(5))} == {sources["code"]}
+
+
+@pytest.mark.parametrize(
+    ("spelling", "message"), [("0.3 a 0.7", "weight path weight path"), ("x a 1 b", "not a number"), ("1 a 2 a", "twice")]
+)
+def test_a_malformed_data_path_is_refused_saying_what_was_expected(spelling, message):
+    with pytest.raises(VarstoreError, match=message):
+        BlendedDataset.from_data_path(spelling, num_samples=5)

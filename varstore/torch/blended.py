@@ -138,11 +138,15 @@ def _epoch_map(length: int, seed: int, name_key: int, epoch: int) -> tuple[int, 
 
 
 def _exact_weight(name: str, weight: Any, segment_start: int) -> Fraction:
-    if isinstance(weight, bool) or not isinstance(weight, (Real, np.integer, np.floating)):
+    """`weight` as an exact fraction (a float's exact binary value), so no rounding can break the proportion bound."""
+    if isinstance(weight, (bool, np.bool_)) or not isinstance(weight, Real):
         raise VarstoreError(f"the weight of source {name!r} (segment at {segment_start}) must be a number, not {weight!r}")
-    if not isinstance(weight, (Rational, np.integer)) and not np.isfinite(float(weight)):
+    if isinstance(weight, Rational):
+        exact = Fraction(int(weight)) if isinstance(weight, np.integer) else Fraction(weight)
+    elif math.isfinite(float(weight)):
+        exact = Fraction(float(weight))
+    else:
         raise VarstoreError(f"the weight of source {name!r} (segment at {segment_start}) must be finite, not {weight!r}")
-    exact = Fraction(int(weight)) if isinstance(weight, np.integer) else Fraction(weight)
     if exact < 0:
         raise VarstoreError(f"the weight of source {name!r} (segment at {segment_start}) must be >= 0, not {weight!r}")
     return exact
@@ -219,6 +223,25 @@ class BlendedDataset(Dataset):
         ]
         self._segments = self._build_segments(_as_schedule(weights))
         self._starts = [segment.start for segment in self._segments]
+
+    @classmethod
+    def from_data_path(cls, data_path: str | Sequence[str], *, num_samples: int, seed: int = 0) -> BlendedDataset:
+        """A blend spelled as Megatron's ``--data-path``: ``"0.3 /data/web 0.7 /data/code"`` (weight, path pairs; the
+        paths name the sources) or one path alone. Weights written in decimal are taken exactly (0.3 is 3/10)."""
+        words = data_path.split() if isinstance(data_path, str) else list(data_path)
+        if len(words) == 1:
+            return cls({words[0]: words[0]}, {words[0]: 1}, num_samples=num_samples, seed=seed)
+        if not words or len(words) % 2:
+            raise VarstoreError(f"a data path is 'weight path weight path ...' or one path, not {data_path!r}")
+        weights: dict[str, Fraction] = {}
+        for weight, path in zip(words[::2], words[1::2]):
+            if path in weights:
+                raise VarstoreError(f"the data path names {path!r} twice; give it one weight")
+            try:
+                weights[path] = Fraction(weight)
+            except ValueError:
+                raise VarstoreError(f"the data path gives {path!r} the weight {weight!r}, which is not a number") from None
+        return cls({path: path for path in weights}, weights, num_samples=num_samples, seed=seed)
 
     def _build_segments(self, schedule: list[tuple[int, Weights]]) -> list[_Segment]:
         _check_starts([start for start, _ in schedule], self.num_samples)
