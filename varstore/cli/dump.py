@@ -18,6 +18,7 @@ from .errors import CommandError, UsageError
 from .fields import field_value, kind
 from .output import listing, plural, print_json, writing_to_standard_output
 from .render import hex_view, render_array, render_sample, render_text
+from .stores import REMOTE_EPILOG, add_location_options, open_store
 
 _CHUNK_RECORDS = 256
 # Rendering a record recurses through its containers, a few Python frames per level.
@@ -36,7 +37,8 @@ def add_parser(commands: Any) -> None:
         "examples:\n  varstore dump docs -i 0 -i -1\n  varstore dump train/ --range -10:\n"
         "  varstore dump docs --head 5 --json | jq .record\n"
         "  varstore dump images -i 3 --field image --raw > 3.jpg   (a folder converted with --labels)\n"
-        "  varstore dump samples --head 3 --field meta.caption",
+        "  varstore dump samples --head 3 --field meta.caption\n"
+        "  varstore dump s3://bucket/docs --tail 2\n\n" + REMOTE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("path", type=store_path, help=STORE_HELP)
@@ -62,6 +64,7 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--limit", type=non_negative_int, default=256, metavar="N",
                         help="show at most N bytes of a hex view, characters of text or elements of an array "
                         "(default 256; 0 shows everything)")
+    add_location_options(parser)
     parser.set_defaults(run=run)
 
 
@@ -120,7 +123,7 @@ def _chunks(indices: np.ndarray | range) -> Iterator[np.ndarray]:
 
 def _payload_sizes(store: varstore.Reader | varstore.ShardedReader, indices: np.ndarray) -> list[int]:
     """The payload size in bytes of each record at `indices` (already checked), read from the offsets."""
-    if isinstance(store, varstore.Reader):
+    if not isinstance(store, varstore.ShardedReader):  # one shard, local or remote
         shards, local, readers = np.zeros(len(indices), np.int64), indices, {0: store}
     else:
         shards = np.searchsorted(store.shard_starts, indices, side="right") - 1
@@ -222,7 +225,7 @@ def run(args: argparse.Namespace) -> int:
     if args.raw and sys.stdout.isatty():
         raise UsageError("--raw writes binary data and standard output is a terminal; redirect it: "
                          "varstore dump ... --raw > FILE (or pipe it)")
-    with varstore.open(args.path) as store, _room_for_the_deepest_records(), writing_to_standard_output():
+    with open_store(args.path, args) as store, _room_for_the_deepest_records(), writing_to_standard_output():
         indices = _selected_indices(args, len(store))
         _check_field(args, store)
         if args.raw:

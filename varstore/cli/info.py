@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 import math
 import os
-from typing import Any
 
 import varstore
 
 from .. import format as fmt
 from ..codecs import make_codec
 from ..manifest import MANIFEST_NAME, MANIFEST_VERSION
+from ..remote.filesystems import read_heads, with_retries
 from .arguments import add_store_arguments
+from .stores import REMOTE_EPILOG, add_location_options, filesystem, open_store
 from .output import describe_codec, format_count, length_unit, format_size, format_size_exactly, plural, print_fields, print_json, print_table, writing_to_standard_output
 
 
@@ -23,15 +25,36 @@ def add_parser(commands: Any) -> None:
         help="describe a shard or dataset",
         description="Describe a shard or dataset: format version, codec, record count (and rows, or tokens, of "
         "ndarray stores), sizes, checksums, "
-        "metadata and shards. Reads only headers and the manifest, so it is instant at any size.",
+        "metadata and shards. Reads only headers and the manifest, so it is instant at any size (at a URL: one "
+        "request for the manifest and one for each shard's header, all at once, besides the open's checks).",
+        epilog=REMOTE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_store_arguments(parser)
+    add_location_options(parser)
     parser.set_defaults(run=run)
 
 
 def _read_header(index_path: str) -> fmt.Header:
     with open(index_path, "rb") as file:
         return fmt.unpack_header(file.read(fmt.HEADER_SIZE), index_size=os.fstat(file.fileno()).st_size, path=index_path)
+
+
+def _listed_headers(store: varstore.ShardedReader, args: argparse.Namespace) -> tuple[list[fmt.Header], int]:
+    """The header of every shard the manifest lists, and the manifest's size in bytes: read from the files, or at
+    a URL by one concurrent request per header (each shard's index is not fetched)."""
+    entries = store.manifest.shards
+    if not store.is_remote:
+        headers = [_read_header(fmt.shard_paths(prefix)[1]) for prefix in store.shard_paths]
+        return headers, os.path.getsize(os.path.join(store.path, MANIFEST_NAME))
+    fs, root = filesystem(store.path, args)
+    heads = read_heads(fs, [(f"{root}/{entry.name}{fmt.INDEX_SUFFIX}", entry.index_size) for entry in entries],
+                       fmt.HEADER_SIZE, url=store.path)
+    headers = [fmt.unpack_header(head, index_size=entry.index_size, path=f"{prefix}{fmt.INDEX_SUFFIX}")
+               for head, entry, prefix in zip(heads, entries, store.shard_paths)]
+    manifest_url = f"{store.path.rstrip('/')}/{MANIFEST_NAME}"
+    manifest_size = with_retries(lambda: fs.size(f"{root}/{MANIFEST_NAME}"), what="finding the manifest's size", url=manifest_url)
+    return headers, int(manifest_size)
 
 
 def _shard_facts(header: fmt.Header) -> dict[str, Any]:
@@ -53,19 +76,17 @@ def _uniform(values: list[Any]) -> Any:
 _NO_SHARDS = "none yet: the dataset has no shards"
 
 
-def _describe(store: varstore.Reader | varstore.ShardedReader) -> dict[str, Any]:
-    """The facts `info` reports, as JSON-ready values."""
+def _describe(store: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """The facts `info` reports about `store` (a shard's reader, local or remote, or a dataset's), as JSON-ready values."""
     facts: dict[str, Any] = {"path": store.path}
-    if isinstance(store, varstore.Reader):
+    if not isinstance(store, varstore.ShardedReader):
         facts["kind"] = "shard"
         facts.update(_shard_facts(store.header))
         facts["data_crc32c"] = store.header.data_crc32c
         facts["file_size"] = store.header.data_size + store.header.index_size
     else:
-        shards = [
-            {"name": entry.name, **_shard_facts(_read_header(fmt.shard_paths(prefix)[1]))}
-            for entry, prefix in zip(store.manifest.shards, store.shard_paths)
-        ]
+        headers, manifest_size = _listed_headers(store, args)
+        shards = [{"name": entry.name, **_shard_facts(header)} for entry, header in zip(store.manifest.shards, headers)]
         facts["kind"] = "dataset"
         facts["manifest_version"] = MANIFEST_VERSION
         facts["format_version"] = _uniform([shard["format_version"] for shard in shards])
@@ -73,7 +94,6 @@ def _describe(store: varstore.Reader | varstore.ShardedReader) -> dict[str, Any]
         facts["record_count"] = len(store)
         facts["data_size"] = sum(shard["data_size"] for shard in shards)
         facts["index_size"] = sum(shard["index_size"] for shard in shards)
-        manifest_size = os.path.getsize(os.path.join(store.path, MANIFEST_NAME))
         facts["file_size"] = facts["data_size"] + facts["index_size"] + manifest_size
         facts["shards"] = shards
     facts["codec"] = store.codec
@@ -83,7 +103,7 @@ def _describe(store: varstore.Reader | varstore.ShardedReader) -> dict[str, Any]
     return facts
 
 
-def _lengths(store: varstore.Reader | varstore.ShardedReader, data_size: int) -> dict[str, Any]:
+def _lengths(store: Any, data_size: int) -> dict[str, Any]:
     """For ndarray stores, the rows (tokens of a token store) and array elements the payload holds; None otherwise."""
     unit = length_unit(store.codec, store.dtype, store.shape)
     if unit is None:
@@ -121,7 +141,7 @@ def _format_text(facts: dict[str, Any]) -> str:
     return "mixed (see shards)" if version is None else f"varstore {version[0]}.{version[1]}"
 
 
-def _print_text(facts: dict[str, Any], store: varstore.Reader | varstore.ShardedReader) -> None:
+def _print_text(facts: dict[str, Any], store: Any) -> None:
     count, payload = facts["record_count"], facts["data_size"]
     on_disk = f"{format_size_exactly(facts['file_size'])}: data {payload:,} + index {facts['index_size']:,}"
     if facts["kind"] == "dataset":
@@ -159,8 +179,8 @@ def _print_text(facts: dict[str, Any], store: varstore.Reader | varstore.Sharded
 
 
 def run(args: argparse.Namespace) -> int:
-    with varstore.open(args.path) as store:
-        facts = _describe(store)
+    with open_store(args.path, args) as store:
+        facts = _describe(store, args)
         with writing_to_standard_output():
             if args.json:
                 print_json(facts)

@@ -9,11 +9,10 @@ from typing import Any
 
 import numpy as np
 
-import varstore
-
 from .arguments import add_store_arguments, positive_int
 from .errors import require_extra
 from .output import format_count, length_unit, format_size, format_size_exactly, print_fields, print_json, print_table, writing_to_standard_output
+from .stores import REMOTE_EPILOG, add_location_options, open_store
 
 _PERCENTILES = (50, 90, 99, 99.9)
 _BAR_WIDTH = 50
@@ -27,9 +26,12 @@ def add_parser(commands: Any) -> None:
         description="Record count and payload sizes: total, min, mean, percentiles, max, and a histogram of record "
         "sizes (bins between powers of two unless --bins asks for equal widths); for ndarray stores each figure "
         "also in rows (tokens for integer records of shape (L,)). Reads every record offset, "
-        "never a payload.",
+        "never a payload (at a URL: each shard's index, fetched whole into the node cache).",
+        epilog=REMOTE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_store_arguments(parser)
+    add_location_options(parser)
     parser.add_argument("--bins", type=positive_int, metavar="N", help="N bins of equal width instead of powers of two")
     parser.add_argument("--plot", metavar="FILE.png", help="also draw the histogram into an image (needs matplotlib)")
     parser.set_defaults(run=run)
@@ -143,7 +145,7 @@ def _plot(facts: dict[str, Any], title: str, path: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    with varstore.open(args.path) as store:
+    with open_store(args.path, args) as store:
         facts = _size_statistics(store.record_sizes(), args.bins)
         facts["lengths"] = _length_statistics(facts, length_unit(store.codec, store.dtype, store.shape))
     if args.plot:

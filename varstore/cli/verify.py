@@ -13,13 +13,19 @@ from typing import Any, Callable
 
 import varstore
 
+from .. import format as fmt
 from ..codecs import codec_from_stored
-from ..errors import CorruptRecordError, VarstoreError
+from ..errors import CorruptRecordError, MissingFileError, VarstoreError
 from ..locking import directory_lock_path, is_locked, shard_lock_path
-from ..manifest import Manifest, ShardEntry, read_manifest
+from ..manifest import MANIFEST_NAME, Manifest, ShardEntry, read_manifest
 from ..sharded_reader import open_listed_shard, verify_listed_shard
+from ..remote.filesystems import is_url
+from ..remote.location import RemoteLocation
+from ..remote_dataset import RemoteDatasetSource
 from ..storage import TEMP_MARK
 from .arguments import add_quiet_option, add_store_arguments
+from .errors import UsageError
+from .stores import REMOTE_EPILOG, add_location_options, open_store, reader_options
 from .output import Progress, format_size, listing, plural, print_json, progress_bar, writing_to_standard_output
 
 
@@ -30,9 +36,19 @@ def add_parser(commands: Any) -> None:
         description="Check a shard or dataset: headers, offsets, the manifest against each shard, and every "
         "record checksum. Each shard is checked separately, so all damaged shards and records are listed. "
         "Exits 0 when everything is intact, 1 when anything is damaged or missing.",
+        epilog="cost at a URL:\n"
+        "  verify reads every byte, so at a URL it downloads each shard's index and data\n"
+        "  object whole into the node cache (--cache-dir), verified against the manifest's\n"
+        "  CRC32C on arrival, then checks every record of the cached copy: the transfer and\n"
+        "  the cache space are the dataset's size (objects already cached on this machine are\n"
+        "  not downloaded again; --cache-limit evicts checked shards to stay under a limit).\n"
+        "  The progress bar counts the bytes checked; it pauses while each shard downloads.\n\n"
+        + REMOTE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_store_arguments(parser)
     add_quiet_option(parser)
+    add_location_options(parser)
     parser.add_argument("--remove-temporary", action="store_true",
                         help="first delete the temporary files that interrupted writers left beside the store "
                         "(a running writer's files are left alone: it holds its lock)")
@@ -85,6 +101,28 @@ def _check_dataset(directory: str, manifest: Manifest, progress: Progress) -> li
     return checks
 
 
+def _check_remote_dataset(source: RemoteDatasetSource, manifest: Manifest, progress: Progress) -> list[_ShardCheck]:
+    """`_check_dataset` at a URL: each shard's index and data object fetched into the node cache, then checked."""
+    codec = codec_from_stored(manifest.codec, manifest.codec_params, path=source.location.url)
+    checks, first_record = [], 0
+    for entry in manifest.shards:
+        check = _ShardCheck(entry.name, first_record, entry.records)
+
+        def verify_shard(entry: ShardEntry = entry) -> None:
+            # The index is fetched verified against the entry's CRC32C, the data against the header's.
+            with source.open_shard(entry, codec, verify_reads=False, replaced_check=_report_damage) as shard:
+                shard.verify(progress)
+
+        _check(check, verify_shard)
+        checks.append(check)
+        first_record += entry.records
+    return checks
+
+
+def _report_damage() -> None:
+    """A shard's object that is missing or fails its checksum is reported as damage, whatever replaced it."""
+
+
 def _describe_bad(check: _ShardCheck) -> str:
     """The shard's error, with its damaged records also numbered as in the dataset."""
     if not check.bad_records:
@@ -114,7 +152,47 @@ def _print_text(checks: list[_ShardCheck], is_dataset: bool, measured: str, remo
         print(measured)
 
 
+def _remote_dataset(args: argparse.Namespace) -> tuple[RemoteDatasetSource, Manifest] | None:
+    """The dataset at the URL `args.path` (its prefix or its manifest.json) and its manifest, or None if there
+    is no manifest (a shard, or nothing: opening it as a shard says which)."""
+    url = args.path.rstrip("/")
+    if url.endswith((fmt.INDEX_SUFFIX, fmt.DATA_SUFFIX)):
+        return None
+    source = RemoteDatasetSource(RemoteLocation(url.removesuffix("/" + MANIFEST_NAME), **reader_options(args)))
+    try:
+        return source, source.read_manifest()
+    except MissingFileError:
+        return None
+
+
+def _check_url(args: argparse.Namespace, cleanup: ExitStack) -> tuple[bool, int, Callable[[Progress], list[_ShardCheck]]]:
+    """(whether it is a dataset, the bytes to check, the check) for the store at the URL `args.path`.
+
+    A dataset's manifest alone is read first, as for a local one, so that every damaged shard is listed rather
+    than the first one refusing the open."""
+    if args.remove_temporary:
+        raise UsageError("--remove-temporary applies to local stores: object storage holds no temporary files of varstore's")
+    dataset = _remote_dataset(args)
+    if dataset is None:
+        store = cleanup.enter_context(open_store(args.path, args))
+        return False, store.header.data_size, partial(_check_shard, store)
+    source, manifest = dataset
+    return True, sum(entry.data_size for entry in manifest.shards), partial(_check_remote_dataset, source, manifest)
+
+
+def _run_url(args: argparse.Namespace) -> int:
+    with ExitStack() as cleanup:
+        is_dataset, total, check_all = _check_url(args, cleanup)
+        started = time.perf_counter()
+        with progress_bar(total, description="verify", quiet=args.quiet or args.json) as progress:
+            checks = check_all(progress)
+    _report(args, checks, is_dataset, time.perf_counter() - started, progress, removed=[], leftovers=[], writer_running=False)
+    return 0 if all(check.ok for check in checks) else 1
+
+
 def run(args: argparse.Namespace) -> int:
+    if is_url(args.path):
+        return _run_url(args)
     is_dataset = os.path.isdir(args.path)
     directory = args.path if is_dataset else os.path.dirname(args.path) or "."
     # Lock-aware: the temporary files of a writer that is still running are left alone.
@@ -135,9 +213,15 @@ def run(args: argparse.Namespace) -> int:
         with progress_bar(total, description="verify", quiet=args.quiet or args.json) as progress:
             checks = check_all(progress)
     seconds = time.perf_counter() - started
-    rate = progress.done / seconds if seconds > 0 else 0.0
     leftovers = sorted(glob.glob(os.path.join(glob.escape(directory), f"*{TEMP_MARK}*")))
-    writer_running = is_locked(writer_lock)
+    _report(args, checks, is_dataset, seconds, progress, removed=removed, leftovers=leftovers,
+            writer_running=is_locked(writer_lock))
+    return 0 if all(check.ok for check in checks) else 1
+
+
+def _report(args: argparse.Namespace, checks: list[_ShardCheck], is_dataset: bool, seconds: float, progress: Progress, *,
+            removed: list[str], leftovers: list[str], writer_running: bool) -> None:
+    rate = progress.done / seconds if seconds > 0 else 0.0
     with writing_to_standard_output():
         if args.json:
             print_json({
@@ -155,4 +239,3 @@ def run(args: argparse.Namespace) -> int:
         else:
             measured = f"{format_size(progress.done)} of records checked in {seconds:.2f} s ({format_size(rate)}/s)"
             _print_text(checks, is_dataset, measured, removed, leftovers, writer_running)
-    return 0 if all(check.ok for check in checks) else 1
