@@ -11,10 +11,10 @@ import torch
 from torch.utils.data import Dataset
 
 from ..errors import CorruptRecordError, VarstoreError
-from ..reader import FlatBatch, Reader, check_indices
+from ..reader import FlatBatch, check_indices
 from ..sharded_reader import ShardedReader
 from .collate import JaggedBatch, naming_records, stored_tensor, stored_tensors, writable_tensor
-from .reading import ProcessLocalReader
+from .reading import AnyReader, ProcessLocalReader
 from .skipped import SkippedRecords
 
 Output = Literal["torch", "numpy"]
@@ -38,13 +38,13 @@ def check_keep_dtype(keep_dtype: bool, output: str) -> None:
         )
 
 
-def _shard_paths(reader: Reader | ShardedReader) -> list[str]:
+def _shard_paths(reader: AnyReader) -> list[str]:
     return reader.shard_paths if isinstance(reader, ShardedReader) else [reader.path]
 
 
-def _shard_positions(reader: Reader | ShardedReader, indices: np.ndarray) -> np.ndarray:
+def _shard_positions(reader: AnyReader, indices: np.ndarray) -> np.ndarray:
     """The shard number of each of the resolved record `indices`."""
-    if isinstance(reader, Reader):
+    if not isinstance(reader, ShardedReader):
         return np.zeros(len(indices), np.int64)
     return np.searchsorted(reader.shard_starts, indices, side="right") - 1
 
@@ -77,6 +77,11 @@ class RecordDataset(Dataset):
     caught either way. Nothing mapped is pickled: workers map the files themselves, at
     the absolute path and the version this dataset opened, and raise
     `DatasetReplacedError` if the dataset was replaced since (never another version's records).
+
+    `path` may be a URL of object storage (see `varstore.open`): `storage_options`, `cache_dir` and
+    `cache_limit` go to the reader, and workers reopen the URL with them (never a client across a fork).
+    A batch costs one merged, concurrent ranged read per shard it touches, each record checked against
+    its CRC32C.
     """
 
     def __init__(
@@ -89,13 +94,19 @@ class RecordDataset(Dataset):
         on_damaged: DamagedPolicy = "raise",
         verify_reads: bool = False,
         keep_dtype: bool = False,
+        storage_options: dict[str, Any] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | None = None,
     ) -> None:
         check_choice("output", output, OUTPUTS)
         check_choice("on_damaged", on_damaged, _POLICIES)
         check_keep_dtype(keep_dtype, output)
         if flat_batches and transform is not None:
             raise VarstoreError("flat_batches reads a batch as one buffer, so a per-sample transform cannot apply")
-        self._source = ProcessLocalReader(path, verify_reads=verify_reads, quarantine=on_damaged == "skip")
+        self._source = ProcessLocalReader(
+            path, verify_reads=verify_reads, quarantine=on_damaged == "skip",
+            storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit,
+        )
         self.path = self._source.path
         self.transform = transform
         self.output = output
@@ -113,7 +124,7 @@ class RecordDataset(Dataset):
         return self._skipped.as_dict() if self._skipped is not None else {}
 
     @property
-    def reader(self) -> Reader | ShardedReader:
+    def reader(self) -> AnyReader:
         """This process's reader of the data."""
         return self._source.get()
 
@@ -156,7 +167,7 @@ class RecordDataset(Dataset):
         values = stored_tensor(records.values, self.keep_dtype, where, self.path)
         return JaggedBatch(values, torch.from_numpy(records.offsets))
 
-    def _outside_quarantine(self, reader: Reader | ShardedReader, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+    def _outside_quarantine(self, reader: AnyReader, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """`indices` without the records of quarantined shards, which are counted as skipped."""
         resolved = check_indices(indices, len(reader), reader.path)
         if not isinstance(reader, ShardedReader) or reader._quarantine is None:
@@ -181,7 +192,7 @@ class RecordDataset(Dataset):
             )
         return resolved[~set_aside]
 
-    def _readable(self, reader: Reader | ShardedReader, indices: Sequence[int] | np.ndarray) -> list[int]:
+    def _readable(self, reader: AnyReader, indices: Sequence[int] | np.ndarray) -> list[int]:
         readable = []
         for index in np.asarray(indices).tolist():
             try:
@@ -198,7 +209,7 @@ class RecordDataset(Dataset):
             )
         return readable
 
-    def _count_damaged(self, reader: Reader | ShardedReader, index: int, error: CorruptRecordError) -> None:
+    def _count_damaged(self, reader: AnyReader, index: int, error: CorruptRecordError) -> None:
         position = int(_shard_positions(reader, np.array([index]))[0])
         if self._skipped.add(position, 1):  # type: ignore[union-attr]
             logger.warning(

@@ -30,9 +30,12 @@ import numpy as np
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
 
 from ..errors import VarstoreError
+from ..sharded_reader import ShardedReader
 from .datasets import DamagedPolicy, Output, RecordDataset
 from .distributed import rank_and_world_size
 from .permutation import Permutation, derive_key
+from .prefetch import ShardPrefetcher, ShardSchedule
+from .reading import AnyReader, is_remote
 from .resume import as_int, check_resume_state
 
 _BLOCKS_PURPOSE = 2
@@ -105,6 +108,10 @@ class _EpochOrder:
         return np.concatenate(parts)
 
 
+def _no_prefetch(start: int, stop: int) -> None:
+    """A remote dataset's records are brought by `ShardPrefetcher`, whole shards at a time."""
+
+
 def stacked(batch: list[Any]) -> Any:
     """torch's `default_collate`, whose failure on records of different lengths says what to pass instead."""
     try:
@@ -136,6 +143,15 @@ class RecordStream(IterableDataset):
     `RecordDataset`; a damaged record skipped leaves its batch one shorter. With
     ``output="numpy"`` keep a varstore collate function, which copies the read-only
     views (`default_collate` would hand them to torch as they are, with a warning).
+
+    `path` may be a URL of object storage (see `varstore.open`), with `storage_options`, `cache_dir` and
+    `cache_limit`. Each worker then fetches whole shards into the node cache ahead of its batches (a
+    thread, at most two shards beyond those its batches have started on; a batch waits for its shards),
+    and releases a shard after its last batch that reads it, so that the cache can evict it under
+    `cache_limit`. Each data object is downloaded once per node. A failed fetch is raised by the batch
+    that needs the shard. The order is the same as for a local copy; note that with ``shuffle=True`` a
+    window of `shuffle_window` records spans up to ``shuffle_window / block_size`` blocks from anywhere
+    in the dataset, so each worker keeps a shard until its last block has been read.
     """
 
     def __init__(
@@ -156,6 +172,9 @@ class RecordStream(IterableDataset):
         keep_dtype: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
+        storage_options: dict[str, Any] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | None = None,
     ) -> None:
         batch_size, block_size = as_int(batch_size, "batch_size"), as_int(block_size, "block_size")
         shuffle_window, seed = as_int(shuffle_window, "shuffle_window"), as_int(seed, "seed")
@@ -165,6 +184,7 @@ class RecordStream(IterableDataset):
         self._dataset = RecordDataset(
             path, transform=transform, output=output, flat_batches=flat_batches, on_damaged=on_damaged,
             verify_reads=verify_reads, keep_dtype=keep_dtype,
+            storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit,
         )
         self.path = self._dataset.path
         self.record_count = len(self._dataset)
@@ -209,10 +229,60 @@ class RecordStream(IterableDataset):
         worker_id, workers = (worker.id, worker.num_workers) if worker is not None else (0, 1)
         if worker is not None:
             self._warn_if_repeated()
-        order = _EpochOrder(self, self._dataset.reader.prefetch)
-        for batch_start in range(self._start + worker_id * self.batch_size, order.count, workers * self.batch_size):
-            records = order.records(batch_start, min(batch_start + self.batch_size, order.count))
-            yield self.collate_fn(self._dataset.__getitems__(records))
+        reader = self._dataset.reader
+        if not is_remote(reader):
+            order = _EpochOrder(self, reader.prefetch)
+            for batch_start in range(self._start + worker_id * self.batch_size, order.count, workers * self.batch_size):
+                records = order.records(batch_start, min(batch_start + self.batch_size, order.count))
+                yield self.collate_fn(self._dataset.__getitems__(records))
+            return
+        order = _EpochOrder(self, _no_prefetch)
+        prefetcher = self._shard_prefetcher(reader, worker_id, workers)
+        try:
+            batch_starts = range(self._start + worker_id * self.batch_size, order.count, workers * self.batch_size)
+            for number, batch_start in enumerate(batch_starts):
+                prefetcher.before_batch(number)
+                records = order.records(batch_start, min(batch_start + self.batch_size, order.count))
+                samples = self._dataset.__getitems__(records)
+                prefetcher.after_batch(number)
+                yield self.collate_fn(samples)
+        finally:
+            prefetcher.close()
+
+    def _shard_prefetcher(self, reader: AnyReader, worker_id: int, workers: int) -> ShardPrefetcher:
+        """The thread that fetches this worker's shards of a remote dataset whole, in the order its batches
+        first read them, and releases each after its last batch."""
+        if isinstance(reader, ShardedReader):
+            schedule = self._shard_schedule(reader.shard_starts, worker_id, workers)
+            skipping = self._dataset.on_damaged == "skip"
+
+            def fetch(position: int) -> None:
+                if not skipping or reader._shard_usable(position):  # a quarantined shard's records are skipped
+                    reader.fetch_shard(position)
+
+            return ShardPrefetcher(schedule, fetch, reader.release_shard)
+        schedule = self._shard_schedule(np.array([0, len(reader)], np.int64), worker_id, workers)
+        return ShardPrefetcher(schedule, lambda _: reader.fetch_data(), lambda _: None)
+
+    def _shard_schedule(self, shard_starts: np.ndarray, worker_id: int, workers: int) -> ShardSchedule:
+        """The first and last of this worker's batches (numbered from 0) that read each shard, computed a
+        window at a time from the epoch order, as the batches will read it."""
+        shards = len(shard_starts) - 1
+        first, last = np.full(shards, -1, np.int64), np.full(shards, -1, np.int64)
+        order = _EpochOrder(self, _no_prefetch)
+        for window in range(self._start // self.shuffle_window, math.ceil(order.count / self.shuffle_window)):
+            records = order.window(window)
+            positions = np.arange(window * self.shuffle_window, window * self.shuffle_window + len(records))
+            batches = (positions - self._start) // self.batch_size
+            mine = (positions >= self._start) & (batches % workers == worker_id)
+            batches = batches[mine] // workers  # numbered in this worker's sequence: nondecreasing
+            shard = np.searchsorted(shard_starts, records[mine], side="right") - 1
+            touched, first_seen = np.unique(shard, return_index=True)
+            unset = first[touched] < 0
+            first[touched[unset]] = batches[first_seen[unset]]
+            touched, last_seen = np.unique(shard[::-1], return_index=True)
+            last[touched] = batches[len(batches) - 1 - last_seen]
+        return ShardSchedule(first, last)
 
     def _warn_if_repeated(self) -> None:
         current = (self.epoch, self._start)

@@ -24,16 +24,32 @@ from torch.utils.data import Dataset
 
 from ..errors import CorruptRecordError, RecordIndexError, RecordTypeError, VarstoreError
 from ..reader import Reader
+from ..remote_shard import RemoteShard
 from ..sharded_reader import ShardedReader
 from .collate import stored_tensor, tensor_dtype
 from .datasets import OUTPUTS, Output, check_choice, check_keep_dtype
-from .reading import ProcessLocalReader
+from .reading import AnyReader, ProcessLocalReader
 
 
-def _shard_token_counts(reader: Reader | ShardedReader, itemsize: int) -> list[int]:
-    if isinstance(reader, Reader):
+def _shard_token_counts(reader: AnyReader, itemsize: int) -> list[int]:
+    if not isinstance(reader, ShardedReader):
         return [reader.header.data_size // itemsize]
     return [entry.data_size // itemsize for entry in reader.manifest.shards]
+
+
+def _remote_pieces(shard: RemoteShard, local: np.ndarray, length: np.ndarray) -> list[np.ndarray]:
+    """Tokens [local, local + length) of a remote `shard`, per piece: the documents they overlap, read with
+    one `get_batch_flat` (merged, concurrent ranged reads, each document checked against its CRC32C)."""
+    token_offsets = (shard.offsets // shard.dtype.itemsize).astype(np.int64)
+    first = np.searchsorted(token_offsets, local, side="right") - 1
+    last = np.searchsorted(token_offsets, local + length, side="left")  # one past the last document overlapped
+    documents = np.unique(_concatenated_ranges(first, last - first))
+    values = shard.get_batch_flat(documents).values
+    # The documents of a piece are consecutive, so their tokens sit back to back in `values`.
+    selected_starts = np.zeros(len(documents), np.int64)
+    np.cumsum(np.diff(token_offsets)[documents][:-1], out=selected_starts[1:])
+    begins = selected_starts[np.searchsorted(documents, first)] + local - token_offsets[first]
+    return [values[begin : begin + count] for begin, count in zip(begins.tolist(), length.tolist())]
 
 
 def _concatenated_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -63,6 +79,11 @@ class TokenWindowDataset(Dataset):
 
     The stored documents stay in the same order every epoch (as they were written);
     shuffle documents at write time if samples should not always pair the same neighbours.
+
+    `path` may be a URL of object storage (see `varstore.open`), with `storage_options`, `cache_dir`
+    and `cache_limit` for its reader. A remote window is read as the documents it overlaps (whole: one
+    merged, concurrent ranged read per shard a batch touches, each document checked against its CRC32C),
+    so documents much longer than `seq_len` cost more bytes than the window.
     """
 
     def __init__(
@@ -73,6 +94,9 @@ class TokenWindowDataset(Dataset):
         document_starts: bool = False,
         output: Output = "torch",
         keep_dtype: bool = False,
+        storage_options: dict[str, Any] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | None = None,
     ) -> None:
         check_choice("output", output, OUTPUTS)
         check_keep_dtype(keep_dtype, output)
@@ -80,7 +104,7 @@ class TokenWindowDataset(Dataset):
             raise RecordTypeError(f"seq_len must be an integer, not {type(seq_len).__name__}")
         if seq_len < 1:
             raise VarstoreError(f"seq_len must be at least 1, not {seq_len}")
-        self._source = ProcessLocalReader(path)
+        self._source = ProcessLocalReader(path, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
         self.path = self._source.path
         reader = self._source.get()
         if reader.codec != "ndarray" or reader.dtype is None or reader.dtype.kind not in "iu" or reader.shape:
@@ -109,9 +133,18 @@ class TokenWindowDataset(Dataset):
             f"token_count={self.token_count})"
         )
 
-    def _shard(self, position: int) -> Reader:
+    def _shard(self, position: int) -> Reader | RemoteShard:
         reader = self._source.get()
-        return reader if isinstance(reader, Reader) else reader.shard(position)
+        return reader.shard(position) if isinstance(reader, ShardedReader) else reader
+
+    def _piece_tokens(self, position: int, local: np.ndarray, length: np.ndarray) -> list[np.ndarray]:
+        """Tokens [local, local + length) of shard `position`, per piece: views of the map for a local
+        shard, copies of ranged reads for a remote one."""
+        shard = self._shard(position)
+        if isinstance(shard, RemoteShard):
+            return _remote_pieces(shard, local, length)
+        tokens = shard.as_array()
+        return [tokens[start : start + count] for start, count in zip(local.tolist(), length.tolist())]
 
     def _pieces(self, starts: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
         """Split windows at shard ends: (shard, window rows, start in shard, column in window, length) per shard.
@@ -153,10 +186,10 @@ class TokenWindowDataset(Dataset):
         """The windows starting at `starts`, copied into one ``(len(starts), seq_len + 1)`` array of `dtype`."""
         windows = np.empty((len(starts), self.seq_len + 1), dtype)
         for shard, rows, local, column, length in self._pieces(starts):
-            tokens = self._shard(shard).as_array()
             # One slice copy per piece: cheaper than per-token index arrays, as a window has one or two pieces.
-            for row, source, target, count in zip(rows.tolist(), local.tolist(), column.tolist(), length.tolist()):
-                windows[row, target : target + count] = tokens[source : source + count]
+            pieces = self._piece_tokens(shard, local, length)
+            for row, target, count, piece in zip(rows.tolist(), column.tolist(), length.tolist(), pieces):
+                windows[row, target : target + count] = piece
         return windows
 
     def _document_starts(self, starts: np.ndarray) -> np.ndarray:
@@ -191,9 +224,11 @@ class TokenWindowDataset(Dataset):
         shard = np.searchsorted(self._token_starts, starts, side="right") - 1
         inside = starts + width <= self._token_starts[shard + 1]
         windows: list[Any] = [None] * len(starts)
-        for row in np.flatnonzero(inside).tolist():
-            local = int(starts[row] - self._token_starts[shard[row]])
-            windows[row] = self._shard(int(shard[row])).as_array()[local : local + width]
+        for position in np.unique(shard[inside]).tolist():
+            rows = np.flatnonzero(inside & (shard == position))
+            local = starts[rows] - self._token_starts[position]
+            for row, window in zip(rows.tolist(), self._piece_tokens(position, local, np.full(len(rows), width))):
+                windows[row] = window
         crossing = np.flatnonzero(~inside)
         for row, window in zip(crossing.tolist(), self._gather(starts[crossing], self.dtype)):
             windows[row] = window
