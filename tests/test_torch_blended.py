@@ -3,11 +3,14 @@ positions across a switch, determinism, and O(1) construction at 10**12 samples.
 
 from __future__ import annotations
 
+import json
 import math
+import re
 import subprocess
 import sys
 import tracemalloc
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -202,9 +205,11 @@ def test_another_process_computes_the_same_samples():
     blend = BlendedDataset({"a": Numbers(1000), "b": Numbers(10**9)}, [(0, {"a": 0.3, "b": 0.7}), (10**11, {"b": 1})],
                            num_samples=10**12, seed=11)
     samples = [0, 1, 2, 99, 10**11 - 1, 10**11, 10**12 - 1]
-    child = subprocess.run([sys.executable, "-c", BLEND_IN_A_CHILD], capture_output=True, text=True, timeout=60,
-                           check=True, env={"PYTHONHASHSEED": "123", "PATH": ""}, cwd=str(__import__("pathlib").Path(__file__).parents[1]))
-    assert [tuple(pair) for pair in __import__("json").loads(child.stdout)] == [blend.locate(s) for s in samples]
+    child = subprocess.run(
+        [sys.executable, "-c", BLEND_IN_A_CHILD], capture_output=True, text=True, timeout=60, check=True,
+        env={"PYTHONHASHSEED": "123", "PATH": ""}, cwd=Path(__file__).parents[1],
+    )
+    assert [tuple(pair) for pair in json.loads(child.stdout)] == [blend.locate(s) for s in samples]
 
 
 def test_a_blend_of_10_to_the_12_samples_is_built_in_well_under_a_megabyte():
@@ -258,7 +263,7 @@ def test_a_source_without_getitems_is_read_one_sample_at_a_time():
     ],
 )
 def test_bad_weights_or_schedules_are_refused_naming_what_was_expected(weights, num_samples, names):
-    with pytest.raises(VarstoreError, match=__import__("re").escape(names)):
+    with pytest.raises(VarstoreError, match=re.escape(names)):
         BlendedDataset({"a": Numbers(3), "b": Numbers(3), "empty": Numbers(0)}, weights, num_samples=num_samples)
 
 

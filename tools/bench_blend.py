@@ -153,7 +153,7 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|")
     print(f"| BlendedDataset | 10^12 | {blend_seconds * 1e3:.2f} ms | {human_bytes(blend_peak)} | "
           f"{blend_rates[0]:,.0f} | {blend_rates[1]:,.0f} |")
-    print(f"| Megatron-style index | {args.index_samples:.0e} | {index_seconds:.2f} s | {human_bytes(index_peak)} | "
+    print(f"| Megatron-style index | {args.index_samples:,} | {index_seconds:.2f} s | {human_bytes(index_peak)} | "
           f"{index_rates[0]:,.0f} | {index_rates[1]:,.0f} |")
     print(f"| Megatron-style index, extrapolated | 10^12 | {index_seconds * scale / 3600:,.1f} h | "
           f"{human_bytes(index_peak * scale)} | | |")
