@@ -137,7 +137,6 @@ def open_url(
             return RemoteShard(url[: -len(suffix)], verify_reads=verify_reads, **options)
     location = RemoteLocation(url, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
     fs, path = location.filesystem()
-    fs.invalidate_cache(path)  # fsspec answers `exists` from listings it cached, which miss what was written since
     manifest_path, _ = location.child(MANIFEST_NAME)
     fs.invalidate_cache(path)  # asked afresh: a listing fsspec cached earlier may predate the dataset
     if with_retries(lambda: fs.exists(manifest_path), what="looking for a manifest", url=url):
