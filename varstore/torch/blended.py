@@ -184,16 +184,19 @@ class BlendedDataset(Dataset):
 
     Guarantees: in a segment of constant weights with s sources of positive weight,
     after any m samples of the segment each source's count in it is within
-    ``ceil(log2 s) / 2`` of ``weight x m`` (1/2 for two sources, 1 for up to four); over a
-    schedule the bound adds up across the segments begun. Each source runs through a
-    fresh permutation of its records per epoch, so no record repeats before all were
-    used, and a source's position carries across segments. A new schedule whose
-    segments before sample c equal the old one (same start, same normalised weights)
-    gives the same first c samples. Construction costs O(#segments x #sources);
-    a lookup, O(log #sources + log #segments) integer operations, a hash per source
-    epoch met and one vectorised permutation call per source per batch. Order comes from the blend, so pair it with
-    ``ExactlyOnceSampler(blend, shuffle=False)`` (or a `DistributedSampler` without
-    shuffle) to read the blend in order, split across ranks.
+    ``ceil(log2 s) / 2`` of ``weight x m`` (1/2 for two sources, 1 for up to four;
+    `proportion_bound`); over a schedule the deviations of the segments begun add up.
+    Each source runs through all its records, in a new order, every epoch, so no
+    record repeats before all were used, and a source's position carries across
+    segments. A new schedule whose segments before sample c equal the old one (same
+    starts, same weights once normalised) gives the same first c samples, so keep
+    `num_samples` and `seed` and append segments when resuming with another mixture.
+
+    Cost: construction O(#segments x #sources), a few KB; a lookup O(log #sources +
+    log #segments) integer operations, plus one hash per source epoch met and one
+    vectorised permutation call per source per batch. The blend is already mixed:
+    read it in order with ``ExactlyOnceSampler(blend, shuffle=False)``, which splits
+    it across ranks without padding (a `DistributedSampler` pads the last rank).
     """
 
     def __init__(
