@@ -152,10 +152,10 @@ def _print_text(checks: list[_ShardCheck], is_dataset: bool, measured: str, remo
         print(measured)
 
 
-def _remote_dataset(args: argparse.Namespace) -> tuple[RemoteDatasetSource, Manifest] | None:
-    """The dataset at the URL `args.path` (its prefix or its manifest.json) and its manifest, or None if there
-    is no manifest (a shard, or nothing: opening it as a shard says which)."""
-    url = args.path.rstrip("/")
+def _remote_dataset(url: str, args: argparse.Namespace) -> tuple[RemoteDatasetSource, Manifest] | None:
+    """The dataset at `url` (its prefix or its manifest.json) and its manifest, or None if there is no manifest
+    (a shard, or nothing: opening it as a shard says which)."""
+    url = url.rstrip("/")
     if url.endswith((fmt.INDEX_SUFFIX, fmt.DATA_SUFFIX)):
         return None
     source = RemoteDatasetSource(RemoteLocation(url.removesuffix("/" + MANIFEST_NAME), **reader_options(args)))
@@ -165,54 +165,62 @@ def _remote_dataset(args: argparse.Namespace) -> tuple[RemoteDatasetSource, Mani
         return None
 
 
-def _check_url(args: argparse.Namespace, cleanup: ExitStack) -> tuple[bool, int, Callable[[Progress], list[_ShardCheck]]]:
-    """(whether it is a dataset, the bytes to check, the check) for the store at the URL `args.path`.
+_StoreCheck = tuple[bool, int, Callable[[Progress], list[_ShardCheck]]]
 
-    A dataset's manifest alone is read first, as for a local one, so that every damaged shard is listed rather
-    than the first one refusing the open."""
-    if args.remove_temporary:
-        raise UsageError("--remove-temporary applies to local stores: object storage holds no temporary files of varstore's")
-    dataset = _remote_dataset(args)
+
+def store_check(location: str, args: argparse.Namespace, cleanup: ExitStack) -> _StoreCheck:
+    """(whether it is a dataset, the bytes to check, the check listing each shard's outcome) for the store at
+    `location`, a local path or a URL (read with the location options in `args`); what it opens joins `cleanup`.
+
+    A dataset's manifest alone is read first, so that every damaged shard is listed rather than the first one
+    refusing the open."""
+    if not is_url(location):
+        if os.path.isdir(location):
+            manifest = read_manifest(location)
+            return True, sum(entry.data_size for entry in manifest.shards), partial(_check_dataset, location, manifest)
+        # A shard that cannot even be opened is reported as an error, like any unreadable input.
+        reader = cleanup.enter_context(varstore.open(location))
+        return False, reader.header.data_size, partial(_check_shard, reader)
+    dataset = _remote_dataset(location, args)
     if dataset is None:
-        store = cleanup.enter_context(open_store(args.path, args))
+        store = cleanup.enter_context(open_store(location, args))
         return False, store.header.data_size, partial(_check_shard, store)
     source, manifest = dataset
     return True, sum(entry.data_size for entry in manifest.shards), partial(_check_remote_dataset, source, manifest)
 
 
-def _run_url(args: argparse.Namespace) -> int:
+def describe_damage(checks: list[_ShardCheck]) -> str | None:
+    """What `checks` found damaged, in one line, or None if everything is intact."""
+    bad = [check for check in checks if not check.ok]
+    if not bad:
+        return None
+    return "; ".join(f"{check.name}: {_describe_bad(check)}" for check in bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+
+
+def _run_checks(args: argparse.Namespace) -> tuple[bool, list[_ShardCheck], float, Progress]:
+    """(whether the store is a dataset, each shard's outcome, the seconds the checks took, the bytes checked)."""
     with ExitStack() as cleanup:
-        is_dataset, total, check_all = _check_url(args, cleanup)
+        is_dataset, total, check_all = store_check(args.path, args, cleanup)
         started = time.perf_counter()
         with progress_bar(total, description="verify", quiet=args.quiet or args.json) as progress:
             checks = check_all(progress)
-    _report(args, checks, is_dataset, time.perf_counter() - started, progress, removed=[], leftovers=[], writer_running=False)
-    return 0 if all(check.ok for check in checks) else 1
+    return is_dataset, checks, time.perf_counter() - started, progress
 
 
 def run(args: argparse.Namespace) -> int:
     if is_url(args.path):
-        return _run_url(args)
+        if args.remove_temporary:
+            raise UsageError("--remove-temporary applies to local stores: object storage holds no temporary files of varstore's")
+        is_dataset, checks, seconds, progress = _run_checks(args)
+        _report(args, checks, is_dataset, seconds, progress, removed=[], leftovers=[], writer_running=False)
+        return 0 if all(check.ok for check in checks) else 1
     is_dataset = os.path.isdir(args.path)
     directory = args.path if is_dataset else os.path.dirname(args.path) or "."
     # Lock-aware: the temporary files of a writer that is still running are left alone.
     removed = varstore.remove_temporary_files(directory) if args.remove_temporary else []
-    with ExitStack() as cleanup:
-        if is_dataset:
-            manifest = read_manifest(args.path)
-            total = sum(entry.data_size for entry in manifest.shards)
-            check_all = partial(_check_dataset, args.path, manifest)
-            writer_lock = directory_lock_path(directory)
-        else:
-            # A shard that cannot even be opened is reported as an error, like any unreadable input.
-            reader = cleanup.enter_context(varstore.open(args.path))
-            total = reader.header.data_size
-            check_all = partial(_check_shard, reader)
-            writer_lock = shard_lock_path(reader.path)
-        started = time.perf_counter()
-        with progress_bar(total, description="verify", quiet=args.quiet or args.json) as progress:
-            checks = check_all(progress)
-    seconds = time.perf_counter() - started
+    prefix = args.path.removesuffix(fmt.INDEX_SUFFIX).removesuffix(fmt.DATA_SUFFIX)
+    writer_lock = directory_lock_path(directory) if is_dataset else shard_lock_path(prefix)
+    is_dataset, checks, seconds, progress = _run_checks(args)
     leftovers = sorted(glob.glob(os.path.join(glob.escape(directory), f"*{TEMP_MARK}*")))
     _report(args, checks, is_dataset, seconds, progress, removed=removed, leftovers=leftovers,
             writer_running=is_locked(writer_lock))
