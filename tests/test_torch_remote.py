@@ -1,0 +1,325 @@
+"""The torch datasets over object storage (issue 12): the same samples as a local copy, DataLoader workers
+(fork and spawn, several processes) sharing one node cache, and RecordStream's whole-shard prefetch:
+downloads counted at the S3 server, eviction under a cache limit, errors and thread life."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("fsspec")
+
+import varstore  # noqa: E402
+from varstore.errors import MissingFileError  # noqa: E402
+from varstore.remote.filesystems import open_filesystem  # noqa: E402
+from varstore.torch import RecordDataset, RecordStream, TokenWindowDataset  # noqa: E402
+from varstore.torch.prefetch import SHARDS_AHEAD  # noqa: E402
+
+SHARD_RECORDS = 40
+SHARDS = 6
+PREFETCH_THREAD = "varstore-shard-prefetch"
+JOIN_SECONDS = 120
+
+
+def _record(index: int) -> bytes:
+    return (f"record {index};" * (index % 7 + 1)).encode()
+
+
+def _tokens(index: int) -> np.ndarray:
+    return (np.arange(index % 11 + 1, dtype=np.int32) + 100 * index).astype(np.int32)
+
+
+def _write_bytes(location: str, **options: Any) -> None:
+    with varstore.ShardedWriter(location, "bytes", max_shard_records=SHARD_RECORDS, **options) as writer:
+        for index in range(SHARDS * SHARD_RECORDS):
+            writer.append(_record(index))
+
+
+def _write_tokens(location: str, **options: Any) -> None:
+    with varstore.ShardedWriter(location, "ndarray", dtype="int32", max_shard_records=SHARD_RECORDS, **options) as writer:
+        for index in range(SHARDS * SHARD_RECORDS):
+            writer.append(_tokens(index))
+
+
+@pytest.fixture(autouse=True)
+def _private_default_cache(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writers stage under the default cache directory: keep it in the test's own directory."""
+    monkeypatch.setenv("VARSTORE_CACHE_DIR", str(tmp_path / "default-cache"))
+
+
+def _same(left: Any, right: Any) -> bool:
+    if isinstance(left, dict):
+        return left.keys() == right.keys() and all(_same(left[key], right[key]) for key in left)
+    if isinstance(left, (list, tuple)):
+        return len(left) == len(right) and all(_same(a, b) for a, b in zip(left, right))
+    if isinstance(left, torch.Tensor):
+        return left.dtype == right.dtype and torch.equal(left, right)
+    if isinstance(left, np.ndarray):
+        return left.dtype == right.dtype and np.array_equal(left, right)
+    return left == right
+
+
+def _prefetch_threads() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name == PREFETCH_THREAD]
+
+
+def _data_keys(bucket: str, dataset: str) -> list[str]:
+    return [f"{dataset}/{entry.name}.data" for entry in varstore.open(f"s3://{bucket}/{dataset}").manifest.shards]
+
+
+def _whole_gets(s3_server: Any, bucket: str, key: str) -> int:
+    return sum(request.range is None for request in s3_server.requests(bucket, method="GET", key=key))
+
+
+# -- the same samples as a local copy ----------------------------------------------------------------
+
+
+def test_every_dataset_class_over_s3_equals_the_local_copy(s3_server: Any, tmp_path: Any) -> None:
+    bucket = s3_server.new_bucket()
+    remote = {"storage_options": s3_server.storage_options, "cache_dir": str(tmp_path / "cache")}
+    _write_tokens(str(tmp_path / "local"))
+    _write_tokens(f"s3://{bucket}/tokens", storage_options=s3_server.storage_options)
+    shuffled = np.random.default_rng(0).permutation(SHARDS * SHARD_RECORDS)
+
+    for options in ({}, {"output": "numpy"}, {"flat_batches": True}, {"on_damaged": "skip"}):
+        local = RecordDataset(str(tmp_path / "local"), **options)
+        over_s3 = RecordDataset(f"s3://{bucket}/tokens", **options, **remote)
+        assert over_s3.path == f"s3://{bucket}/tokens"
+        assert len(over_s3) == len(local)
+        for batch in np.array_split(shuffled, 7):
+            assert _same(over_s3.__getitems__(batch), local.__getitems__(batch)), options
+        assert _same(over_s3[17], local[17])
+
+    for options in ({}, {"document_starts": True}, {"output": "numpy"}, {"keep_dtype": True}):
+        local_windows = TokenWindowDataset(str(tmp_path / "local"), 9, **options)
+        windows = TokenWindowDataset(f"s3://{bucket}/tokens/manifest.json", 9, **options, **remote)
+        assert len(windows) == len(local_windows) > 0
+        every = np.random.default_rng(1).permutation(len(windows))
+        for batch in np.array_split(every, 5):
+            assert _same(windows.__getitems__(batch), local_windows.__getitems__(batch)), options
+
+    for options in ({"shuffle": True, "block_size": 8, "shuffle_window": 64}, {"shuffle": False}):
+        local_stream = RecordStream(str(tmp_path / "local"), batch_size=16, collate_fn=list, seed=3, **options)
+        stream = RecordStream(f"s3://{bucket}/tokens", batch_size=16, collate_fn=list, seed=3, **options, **remote)
+        assert _same(list(stream), list(local_stream)), options
+
+
+def test_a_single_remote_shard_reads_like_the_local_shard(tmp_path: Any) -> None:
+    with varstore.Writer(str(tmp_path / "shard"), "ndarray", dtype="int32") as writer:
+        for index in range(50):
+            writer.append(_tokens(index))
+    fs, _ = open_filesystem("memory://torch-single/shard")
+    for suffix in (".data", ".index"):
+        fs.put_file(str(tmp_path / "shard") + suffix, "/torch-single/shard" + suffix)
+    cache = {"cache_dir": str(tmp_path / "cache")}
+    assert _same(
+        RecordDataset("memory://torch-single/shard", **cache).__getitems__([3, 1, 40]),
+        RecordDataset(str(tmp_path / "shard")).__getitems__([3, 1, 40]),
+    )
+    assert _same(
+        TokenWindowDataset("memory://torch-single/shard", 5, **cache).__getitems__([0, 7, 20]),
+        TokenWindowDataset(str(tmp_path / "shard"), 5).__getitems__([0, 7, 20]),
+    )
+    stream = RecordStream("memory://torch-single/shard", batch_size=8, block_size=4, shuffle_window=16, collate_fn=list, **cache)
+    local_stream = RecordStream(str(tmp_path / "shard"), batch_size=8, block_size=4, shuffle_window=16, collate_fn=list)
+    assert _same(list(stream), list(local_stream))
+
+
+def test_datasets_pickle_a_url_as_given_with_its_options(tmp_path: Any) -> None:
+    _write_bytes("memory://torch-pickle/data")
+    cache_dir = tmp_path / "cache"
+    os.chdir(tmp_path)  # a relative cache_dir is made absolute, a URL never is
+    dataset = RecordDataset("memory://torch-pickle/data", cache_dir="cache", cache_limit=1 << 20)
+    state = dataset._source.__getstate__()
+    assert state["path"] == "memory://torch-pickle/data"
+    assert state["cache_dir"] == str(cache_dir) and state["cache_limit"] == 1 << 20
+    copy = pickle.loads(pickle.dumps(dataset))
+    assert copy.reader is not dataset.reader
+    assert _same(copy.__getitems__([5, 200]), dataset.__getitems__([5, 200]))
+    assert copy.reader._source.location.cache.directory == str(cache_dir)
+
+
+def test_a_shuffled_batch_costs_one_ranged_get_per_shard_it_touches(s3_server: Any, tmp_path: Any) -> None:
+    bucket = s3_server.new_bucket()
+    _write_bytes(f"s3://{bucket}/data", storage_options=s3_server.storage_options)
+    dataset = RecordDataset(f"s3://{bucket}/data", storage_options=s3_server.storage_options, cache_dir=str(tmp_path / "cache"))
+    keys = _data_keys(bucket, "data")
+    indices = np.array([5, 201, 17, 90, 33, 215, 2])  # shards 0, 5, 0, 2, 0, 5, 0: every shard's data is < 64 KiB
+    dataset.__getitems__(indices)  # opens the shards it touches (their index, and the data object's edges)
+    before = {key: len(s3_server.requests(bucket, method="GET", key=key)) for key in keys}
+    samples = dataset.__getitems__(indices)
+    assert [bytes(sample.numpy()) for sample in samples] == [_record(index) for index in indices.tolist()]
+    added = {key: s3_server.requests(bucket, method="GET", key=key)[before[key]:] for key in keys}
+    assert {key: len(requests) for key, requests in added.items()} == {
+        key: int(position in (0, 2, 5)) for position, key in enumerate(keys)
+    }
+    assert all(request.range is not None for requests in added.values() for request in requests)
+
+
+# -- DataLoader workers sharing one node cache -----------------------------------------------------------
+
+_EPOCH_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from torch.utils.data import DataLoader
+    from varstore.torch import RecordDataset, RecordStream
+
+    def as_hex(batch):
+        return [bytes(sample.numpy()).hex() for sample in batch]
+
+    if __name__ == "__main__":
+        url, options, cache_dir, out = sys.argv[1:]
+        remote = {"storage_options": json.loads(options), "cache_dir": cache_dir}
+        dataset = RecordDataset(url, **remote)
+        stream = RecordStream(url, batch_size=16, block_size=8, shuffle_window=64, seed=5, collate_fn=as_hex, **remote)
+        mapped = []
+        for batch in DataLoader(dataset, batch_size=16, shuffle=True, num_workers=2, collate_fn=as_hex):
+            mapped += batch
+        streamed = []
+        for batch in DataLoader(stream, batch_size=None, num_workers=2):
+            streamed += batch
+        with open(out, "w") as result:
+            json.dump({"mapped": mapped, "streamed": streamed}, result)
+    """
+)
+
+
+def test_two_processes_with_two_workers_each_download_each_object_once(s3_server: Any, tmp_path: Any) -> None:
+    bucket = s3_server.new_bucket()
+    url = f"s3://{bucket}/data"
+    _write_bytes(url, storage_options=s3_server.storage_options)
+    script = tmp_path / "epoch.py"
+    script.write_text(_EPOCH_SCRIPT)
+    cache_dir = str(tmp_path / "shared-cache")
+    processes = [
+        subprocess.Popen(
+            [sys.executable, str(script), url, json.dumps(s3_server.storage_options), cache_dir,
+             str(tmp_path / f"out-{number}.json")],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        for number in range(2)
+    ]
+    for process in processes:
+        _, stderr = process.communicate(timeout=JOIN_SECONDS)
+        assert process.returncode == 0, stderr.decode()
+
+    local = str(tmp_path / "local")
+    _write_bytes(local)
+    expected_stream = [bytes(sample.numpy()).hex() for batch in RecordStream(
+        local, batch_size=16, block_size=8, shuffle_window=64, seed=5, collate_fn=list) for sample in batch]
+    every_record = sorted(_record(index).hex() for index in range(SHARDS * SHARD_RECORDS))
+    for number in range(2):
+        result = json.loads((tmp_path / f"out-{number}.json").read_text())
+        assert sorted(result["mapped"]) == every_record
+        assert result["streamed"] == expected_stream
+
+    manifest = varstore.open(url).manifest
+    for entry in manifest.shards:
+        assert _whole_gets(s3_server, bucket, f"data/{entry.name}.index") == 1, entry.name
+        assert _whole_gets(s3_server, bucket, f"data/{entry.name}.data") == 1, entry.name
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_stream_workers_reopen_the_url_under_fork_and_spawn(s3_server: Any, tmp_path: Any, start_method: str) -> None:
+    bucket = s3_server.new_bucket()
+    _write_bytes(f"s3://{bucket}/data", storage_options=s3_server.storage_options)
+    _write_bytes(str(tmp_path / "local"))
+    settings = {"batch_size": 16, "block_size": 8, "shuffle_window": 64, "seed": 9, "collate_fn": list}
+    stream = RecordStream(
+        f"s3://{bucket}/data", storage_options=s3_server.storage_options, cache_dir=str(tmp_path / "cache"), **settings
+    )
+    loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=2, multiprocessing_context=start_method, timeout=JOIN_SECONDS)
+    assert _same(list(loader), list(RecordStream(str(tmp_path / "local"), **settings)))
+    assert not _prefetch_threads()  # the main process never streamed: the workers' threads died with them
+
+
+# -- prefetch, release and eviction ----------------------------------------------------------------------
+
+
+def _cached_bytes(cache_dir: str) -> int:
+    """Bytes of the objects under their final names (a final name has no '.': locks and temporaries do)."""
+    return sum(entry.stat().st_size for entry in os.scandir(cache_dir) if entry.is_file() and "." not in entry.name)
+
+
+def _mapped_cache_files(cache_dir: str) -> set[str]:
+    """The files of `cache_dir` this process maps (evicted ones included: the map keeps them)."""
+    with open("/proc/self/maps") as maps:
+        return {line.split(None, 5)[5].strip().removesuffix(" (deleted)") for line in maps if cache_dir + os.sep in line}
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="counts maps in /proc/self/maps")
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_streaming_epoch_under_a_cache_limit_smaller_than_the_data(s3_server: Any, tmp_path: Any, shuffle: bool) -> None:
+    bucket = s3_server.new_bucket()
+    url = f"s3://{bucket}/data"
+    _write_bytes(url, storage_options=s3_server.storage_options)
+    shard_data = max(entry.data_size for entry in varstore.open(url).manifest.shards)
+    cache_dir = str(tmp_path / "cache")
+    limit = int(2.5 * shard_data)
+    settings = {"batch_size": 8, "shuffle": shuffle, "block_size": 40, "shuffle_window": 80, "seed": 2, "collate_fn": list}
+    stream = RecordStream(url, storage_options=s3_server.storage_options, cache_dir=cache_dir, cache_limit=limit, **settings)
+    records = []
+    most_mapped_data = 0
+    for batch in stream:
+        records += [bytes(sample.numpy()) for sample in batch]
+        assert _cached_bytes(cache_dir) <= limit
+        most_mapped_data = max(most_mapped_data, sum(path.endswith("_data") for path in _mapped_cache_files(cache_dir)))
+    _write_bytes(str(tmp_path / "local"))
+    assert records == [bytes(sample.numpy()) for batch in RecordStream(str(tmp_path / "local"), **settings) for sample in batch]
+    assert _cached_bytes(cache_dir) <= limit
+    # Consumed shards are released: a worker holds the shards its current batch reads and those fetched ahead.
+    assert most_mapped_data <= SHARDS_AHEAD + 2 < SHARDS
+    for key in _data_keys(bucket, "data"):
+        requests = s3_server.requests(bucket, method="GET", key=key)
+        assert _whole_gets(s3_server, bucket, key) == 1, key
+        assert len(requests) <= 1 + 2, key  # besides the download, only the open's reads of its first and last 4 KiB
+
+
+def test_a_failed_prefetch_is_raised_by_the_batch_that_needs_the_shard(tmp_path: Any) -> None:
+    url = "memory://torch-prefetch-error/data"
+    _write_bytes(url)
+    stream = RecordStream(url, batch_size=SHARD_RECORDS // 2, shuffle=False, collate_fn=list, cache_dir=str(tmp_path / "cache"))
+    fs, _ = open_filesystem(url)
+    shard_names = [entry.name for entry in stream._dataset.reader.manifest.shards]
+    fs.rm(f"/torch-prefetch-error/data/{shard_names[3]}.data")
+    batches = iter(stream)
+    for _ in range(3 * 2):  # shards 0, 1 and 2 read
+        next(batches)
+    with pytest.raises(MissingFileError) as raised:
+        next(batches)
+    assert raised.value.path.endswith(f"{shard_names[3]}.data")
+    assert any(frame.name == "_run" for frame in __import__("traceback").extract_tb(raised.value.__traceback__))
+    assert not _prefetch_threads()
+
+
+def test_closing_or_dropping_the_iterator_stops_the_prefetch_thread(tmp_path: Any) -> None:
+    url = "memory://torch-prefetch-stop/data"
+    _write_bytes(url)
+    stream = RecordStream(url, batch_size=8, shuffle=False, collate_fn=list, cache_dir=str(tmp_path / "cache"))
+    batches = iter(stream)
+    next(batches)
+    assert len(_prefetch_threads()) == 1
+    batches.close()
+    assert not _prefetch_threads()
+
+    batches = iter(stream)
+    next(batches)
+    assert len(_prefetch_threads()) == 1
+    del batches
+    gc.collect()
+    assert not _prefetch_threads()
+
+    for _ in stream:
+        pass
+    assert not _prefetch_threads()
