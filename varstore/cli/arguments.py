@@ -10,8 +10,8 @@ from typing import Any
 
 from ..manifest import MANIFEST_NAME
 
-STORE_HELP = ("a shard (its name, .index or .data file), or a dataset (its directory or its manifest.json), at a local "
-              "path or at a URL of object storage (s3://bucket/dataset, any fsspec URL)")
+LOCAL_STORE_HELP = "a shard (its name, .index or .data file), or a dataset (its directory or its manifest.json)"
+STORE_HELP = LOCAL_STORE_HELP + ", at a local path or at a URL of object storage (s3://bucket/dataset, any fsspec URL)"
 _SIZE = re.compile(r"(\d+)\s*([KMGT]?)(i?B)?", re.IGNORECASE)
 _SIZE_POWERS = {"": 0, "K": 10, "M": 20, "G": 30, "T": 40}
 

@@ -51,7 +51,7 @@ def add_allow_other_files_option(parser: argparse.ArgumentParser) -> None:
                         help="write into DST even though it holds files that are not a dataset's (they are left alone)")
 
 
-def _is_dataset_file(name: str) -> bool:
+def is_dataset_file(name: str) -> bool:
     """A name varstore writes in a dataset directory: manifest, shard files, journal, locks, temporary files."""
     return (name in (MANIFEST_NAME, JOURNAL_NAME) or name.endswith((".data", ".index", LOCK_SUFFIX))
             or TEMP_MARK in name)
@@ -65,8 +65,8 @@ def check_destination(directory: str, *, command: str, keeps_dataset: bool, allo
     writer itself then decides, and needs --overwrite); a dataset's files are refused unless `keeps_dataset`.
     """
     names = sorted(set(os.listdir(directory)) - {DIRECTORY_LOCK_NAME})
-    ours = [name for name in names if _is_dataset_file(name)]
-    others = [name for name in names if not _is_dataset_file(name)]
+    ours = [name for name in names if is_dataset_file(name)]
+    others = [name for name in names if not is_dataset_file(name)]
     if ours and not keeps_dataset:
         raise CommandError(f"{directory}: exists and is not empty: it holds a dataset's files ({listing(ours, 5)}); "
                            f"{command} writes a new dataset")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import errno
 import os
 import sys
 from dataclasses import dataclass
@@ -14,20 +13,14 @@ import varstore
 
 from .. import format as fmt
 from ..codecs import make_codec
-from ..errors import StorageError, VarstoreError
-from ..locking import lock_directory
-from ..manifest import MANIFEST_NAME, Manifest, ShardEntry, commit_manifest_file, describe_shard
-from ..storage import (
-    fsync_directory, make_directories, publish, remove_quietly, storage_error, sync_directory, temporary_path, write_all,
-)
-from .arguments import STORE_HELP, add_quiet_option, json_object, store_path
-from .destination import add_allow_other_files_option, check_destination, removed_if_created_and_failed
+from ..manifest import Manifest, ShardEntry, describe_shard
+from ..remote.filesystems import is_url
+from .arguments import LOCAL_STORE_HELP, add_quiet_option, json_object, store_path
+from .destination import add_allow_other_files_option
 from .errors import CommandError, UsageError
-from .output import Progress, describe_codec, format_size, plural, progress_bar
-
-# Errors with which os.link says "not here" rather than "something is wrong": copy instead.
-_LINK_IMPOSSIBLE = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EACCES}
-_COPY_CHUNK_BYTES = 8 << 20
+from .output import describe_codec, format_size, plural, progress_bar
+from .stores import REMOTE_EPILOG, add_location_options, check_location_options
+from .transfer import LocalDestination, RemoteDestination, dataset_destination
 
 
 def add_parser(commands: Any) -> None:
@@ -36,17 +29,23 @@ def add_parser(commands: Any) -> None:
         help="combine shards and datasets into one dataset",
         description="Combine shards and datasets into a new dataset directory DST, in the order given. Shard files "
         "are hard-linked into DST (no payload is copied) where the filesystem allows, copied otherwise or with --copy; "
-        "datasets contribute their manifest entries unchanged. All sources must share one codec.",
+        "datasets contribute their manifest entries unchanged. All sources must share one codec. DST may be a URL "
+        "of object storage: each shard is uploaded (data, then index) and the manifest last, so a reader never "
+        "finds a partial dataset; a failed merge deletes what it uploaded.",
+        epilog=REMOTE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("sources", nargs="+", metavar="SRC", type=store_path, help=STORE_HELP + "; each at most once")
+    parser.add_argument("sources", nargs="+", metavar="SRC", type=store_path,
+                        help=LOCAL_STORE_HELP + "; each at most once (copy a remote one here first with varstore cp)")
     parser.add_argument("destination", metavar="DST",
                         help="the new dataset directory (must not exist, or be empty unless --allow-other-files); locked for one "
-                        "writer while merge runs")
+                        "writer while merge runs; or a URL holding no dataset")
     parser.add_argument("--copy", action="store_true", help="copy the files even where hard links are possible")
     parser.add_argument("--metadata", metavar="JSON", type=json_object,
                         help="user metadata of the merged dataset, a JSON object (default: the sources' when they all agree)")
     add_allow_other_files_option(parser)
     add_quiet_option(parser)
+    add_location_options(parser, cache=False)
     parser.set_defaults(run=run)
 
 
@@ -71,7 +70,7 @@ class _Source:
 def _read_source(path: str) -> _Source:
     with varstore.open(path) as store:
         params = make_codec(store.codec, dtype=store.dtype, shape=store.shape).params()
-        if isinstance(store, varstore.Reader):
+        if not isinstance(store, varstore.ShardedReader):
             shards = [_Shard(store.path, None)]
             data_size = store.header.data_size
         else:
@@ -126,98 +125,48 @@ def _merged_metadata(sources: list[_Source], given: dict[str, Any] | None) -> di
     return {}
 
 
-def _copy(source: str, destination: str, progress: Progress) -> None:
-    """Copy durably: into a temporary name, fsync, then rename to `destination`."""
-    temporary = temporary_path(destination)
-    try:
-        with open(source, "rb") as reader:
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-            try:
-                while chunk := reader.read(_COPY_CHUNK_BYTES):
-                    write_all(fd, chunk)
-                    progress(len(chunk))
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        publish([(temporary, destination)], overwrite=False)
-    except OSError as error:
-        if isinstance(error, VarstoreError):
-            raise
-        # A failed write or fsync (a full disk) names no file: say which copy failed.
-        raise StorageError(f"copying {source} failed: {error.strerror or error}", path=destination) from None
-    finally:
-        remove_quietly([temporary])
-
-
-def _link_or_copy(source: str, destination: str, copy: bool, progress: Progress) -> bool:
-    """Bring one file into DST; True if it was hard-linked, False if copied."""
-    if not copy:
-        try:
-            os.link(source, destination, follow_symlinks=True)
-            progress(os.path.getsize(destination))
-            return True
-        except OSError as error:
-            if error.errno not in _LINK_IMPOSSIBLE:
-                raise StorageError(f"linking {source} failed: {error.strerror or error}", path=destination) from None
-    _copy(source, destination, progress)
-    return False
-
-
-def _make_destination(destination: str) -> None:
-    if os.path.lexists(destination) and not os.path.isdir(destination):
-        raise CommandError(f"{destination}: exists and is not a directory")
-    try:
-        make_directories(destination)
-    except OSError as error:
-        raise storage_error(error, "creating the destination directory") from None
-
-
-def _bring_shards(shards: list[_Shard], destination: str, copy: bool, quiet: bool, created: list[str]) -> tuple[list[ShardEntry], int]:
-    """Link or copy every shard into DST as shard-000000, shard-000001, ...; (their entries, files linked).
-
-    Each file brought is added to `created` as soon as it exists, so that the caller can remove them after a failure.
-    """
-    entries, linked = [], 0
+def _bring_shards(shards: list[_Shard], destination: LocalDestination | RemoteDestination, quiet: bool) -> list[ShardEntry]:
+    """Link, copy or upload every shard into DST as shard-000000, shard-000001, ...; their entries."""
+    entries = []
     total = sum(os.path.getsize(path) for shard in shards for path in fmt.shard_paths(shard.prefix))
     with progress_bar(total, description="merge", quiet=quiet) as progress:
         for position, shard in enumerate(shards):
             name = f"shard-{position:06d}"
-            for source_path, path in zip(fmt.shard_paths(shard.prefix), fmt.shard_paths(os.path.join(destination, name))):
-                linked += _link_or_copy(source_path, path, copy, progress)
-                created.append(path)
-            entry = shard.entry or describe_shard(destination, name)[0]
+            destination.put_shard(shard.prefix, name, progress)
+            entry = shard.entry or _describe(shard.prefix, destination, name)
             entries.append(dataclasses.replace(entry, name=name))
-    return entries, linked
+    return entries
+
+
+def _describe(prefix: str, destination: LocalDestination | RemoteDestination, name: str) -> ShardEntry:
+    """The manifest entry of a lone shard: of its copy in a local DST (a regular file even if the source is a
+    link, as §3.1 requires), else of the source."""
+    if isinstance(destination, LocalDestination):
+        return describe_shard(destination.location, name)[0]
+    return describe_shard(os.path.dirname(prefix) or ".", os.path.basename(prefix))[0]
 
 
 def run(args: argparse.Namespace) -> int:
+    for path in args.sources:
+        if is_url(path):
+            raise UsageError(f"{path}: merge reads local shards and datasets; bring a remote one here first with "
+                             "varstore cp, or merge into a URL from local sources")
+    check_location_options(args, args.destination)
     sources = [_read_source(path) for path in args.sources]
     _check_no_shard_twice(sources)
     _check_codecs(sources)
     metadata = _merged_metadata(sources, args.metadata)
-    destination = args.destination
     shards = [shard for source in sources for shard in source.shards]
-    with removed_if_created_and_failed(destination):
-        _make_destination(destination)
-        # One writer per directory: the lock is held until the manifest is committed and synced.
-        with lock_directory(destination):
-            check_destination(destination, command="merge", keeps_dataset=False, allow_other_files=args.allow_other_files)
-            created: list[str] = []
-            try:
-                entries, linked = _bring_shards(shards, destination, args.copy, args.quiet, created)
-                try:
-                    fsync_directory(destination)  # the shards' names are durable before the manifest that lists them
-                except OSError as error:
-                    raise StorageError(f"fsync of the directory failed: {error.strerror or error}", path=destination) from None
-                first = sources[0]
-                commit_manifest_file(destination, Manifest(first.codec, first.codec_params, metadata, entries))
-            except BaseException:
-                remove_quietly(created + [os.path.join(destination, MANIFEST_NAME)])
-                raise
-            sync_directory(destination)
+    with dataset_destination(args.destination, args, command="merge", allow_other_files=args.allow_other_files,
+                             copy=args.copy) as destination:
+        entries = _bring_shards(shards, destination, args.quiet)
+        first = sources[0]
+        destination.commit(Manifest(first.codec, first.codec_params, metadata, entries))
     records = sum(entry.records for entry in entries)
     payload = sum(source.data_size for source in sources)
-    print(f"merged {plural(len(sources), 'source')} into {destination}: {plural(len(shards), 'shard')}, "
-          f"{plural(records, 'record')}, {format_size(payload)}; {linked:,} files hard-linked, "
-          f"{2 * len(shards) - linked:,} copied")
+    brought = 2 * len(shards)
+    how = (f"{brought:,} files uploaded" if isinstance(destination, RemoteDestination)
+           else f"{destination.linked:,} files hard-linked, {brought - destination.linked:,} copied")
+    print(f"merged {plural(len(sources), 'source')} into {args.destination}: {plural(len(shards), 'shard')}, "
+          f"{plural(records, 'record')}, {format_size(payload)}; {how}")
     return 0
