@@ -12,14 +12,14 @@ from typing import NoReturn
 
 from .. import __version__
 from ..errors import RecordIndexError, VarstoreError
-from . import convert, dump, info, merge, repair, stats, verify
+from . import convert, cp, dump, info, merge, repair, stats, verify
 from .dump import join_negative_range
 from .errors import FAILURE_EXIT_CODE, USAGE_EXIT_CODE, CommandError
 from .output import discard_standard_output, writing_to_standard_output
 
 _INTERRUPTED_EXIT_CODE = 130
 _BROKEN_PIPE_EXIT_CODE = 141
-_COMMANDS = (info, dump, verify, repair, stats, convert, merge)
+_COMMANDS = (info, dump, verify, repair, stats, convert, merge, cp)
 
 
 class _OneLineErrorParser(argparse.ArgumentParser):
