@@ -5,15 +5,18 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from typing import Any
+from contextlib import nullcontext
+from typing import Any, ContextManager
 
 import varstore
 
+from ..remote.filesystems import is_url
 from .arguments import add_quiet_option, byte_size, json_object, positive_int
 from .destination import add_allow_other_files_option, check_destination, removed_if_created_and_failed
 from .errors import CommandError, UsageError
 from .output import format_size, listing, plural, progress_bar
 from .sources import DEFAULT_MAX_RECORD_BYTES, FolderSource, JsonLinesSource, NpySource, ParquetSource, Source, TextSource, TokenSource
+from .stores import REMOTE_EPILOG, add_location_options, check_location_options, open_store
 
 _FORMAT_BY_SUFFIX = {".npy": "npy", ".bin": "tokens", ".jsonl": "jsonl", ".ndjson": "jsonl", ".txt": "text", ".parquet": "parquet"}
 # The options each source format reads; any other source option given is a usage error, never silently ignored.
@@ -61,11 +64,17 @@ limits:
   DST must be new, empty or a dataset (replaced only with --overwrite): a folder
   holding other files is refused unless --allow-other-files.
   A failed convert removes what it wrote, and DST itself if it created it.
+  DST may be a URL of object storage (s3://bucket/dataset): shards are written in
+  a staging directory on this machine and each is uploaded once committed; the
+  manifest is uploaded last, so a reader never finds a partial dataset.
 
 examples:
   varstore convert train.bin train/ --dtype uint16 --separator 50256
   varstore convert docs.jsonl docs/ --field text --max-shard-bytes 512M
-  varstore convert photos/ images/ --labels"""
+  varstore convert photos/ images/ --labels
+  varstore convert docs.jsonl s3://bucket/docs --field text
+
+""" + REMOTE_EPILOG
 
 
 def add_parser(commands: Any) -> None:
@@ -78,7 +87,7 @@ def add_parser(commands: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("source", metavar="SRC", help="the file or folder to read")
-    parser.add_argument("destination", metavar="DST", help="the dataset directory to write")
+    parser.add_argument("destination", metavar="DST", help="the dataset directory to write, or a URL of object storage")
     parser.add_argument("--format", choices=sorted(_FORMAT_OPTIONS), help="the source format, when its name does not tell")
     parser.add_argument("--offsets", metavar="FILE.npy",
                         help="npy: N + 1 row boundaries; record k is rows offsets[k] to offsets[k + 1]")
@@ -107,6 +116,7 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace a dataset already at DST")
     add_allow_other_files_option(parser)
     add_quiet_option(parser)
+    add_location_options(parser, cache=False)
     parser.set_defaults(run=run)
 
 
@@ -174,22 +184,30 @@ def _dataset_writer(args: argparse.Namespace, source: Source) -> varstore.Sharde
         return varstore.ShardedWriter(
             args.destination, codec=source.codec, dtype=source.dtype, shape=source.shape, metadata=metadata,
             max_shard_bytes=args.max_shard_bytes, max_shard_records=args.max_shard_records, overwrite=args.overwrite,
+            **({"storage_options": args.storage_options} if is_url(args.destination) else {}),
         )
     except varstore.ShardExistsError as error:
         raise CommandError(f"{error.path}: a dataset, or the shards of an interrupted writer, is already there; "
                            "pass --overwrite to replace it") from None
 
 
+def _local_destination(args: argparse.Namespace) -> ContextManager[None]:
+    """A local DST directory is removed again if convert created it and fails; a URL has no directory to remove."""
+    return nullcontext() if is_url(args.destination) else removed_if_created_and_failed(args.destination)
+
+
 def run(args: argparse.Namespace) -> int:
+    check_location_options(args, args.destination)
     source = _open_source(args)
     started = time.perf_counter()
     # The writer locks DST for the whole run, and on an error removes every shard it wrote.
-    with removed_if_created_and_failed(args.destination), _dataset_writer(args, source) as writer:
-        check_destination(args.destination, command="convert", keeps_dataset=True, allow_other_files=args.allow_other_files)
+    with _local_destination(args), _dataset_writer(args, source) as writer:
+        if not is_url(args.destination):
+            check_destination(args.destination, command="convert", keeps_dataset=True, allow_other_files=args.allow_other_files)
         with progress_bar(source.total, description="convert", unit=source.unit, quiet=args.quiet) as progress:
             source.write_to(writer, progress)
     seconds = time.perf_counter() - started
-    with varstore.ShardedReader(args.destination) as dataset:
+    with open_store(args.destination, args) as dataset:
         payload = sum(entry.data_size for entry in dataset.manifest.shards)
         shards = len(dataset.manifest.shards)
         records = len(dataset)
