@@ -34,7 +34,7 @@ from .shard_index import ShardIndex, map_file
 _SCAN_BYTES = 8 << 20
 _FETCH_ATTEMPTS = 3
 
-# Called when the data object is missing or a record fails its checksum: raises `DatasetReplacedError`
+# Called when an object is missing or unreadable or a record fails its checksum: raises `DatasetReplacedError`
 # if the dataset holding the shard was replaced meanwhile (else returns, and the read's own error stands).
 ReplacedCheck = Callable[[], None]
 
@@ -243,7 +243,7 @@ class RemoteShard(ReaderBase):
         fs, _ = self._location.filesystem()
         try:
             return read_ranges(fs, self._data_path, ranges, url=self.data_path, size=size)
-        except MissingFileError:
+        except (MissingFileError, StorageError):  # a replacing dataset's shorter object fails the ranges as well
             self._replaced_check()
             raise
 
