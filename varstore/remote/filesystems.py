@@ -329,10 +329,21 @@ def read_object(
     fs: AbstractFileSystem, path: str, *, url: str, max_size: int, sleep: Callable[[float], None] = time.sleep
 ) -> bytes:
     """The object at `path` read whole in one GET, for small objects where ranged reads could mix two versions
-    (a manifest): at most `max_size + 1` bytes, so a caller sees an object over `max_size` without fetching it."""
-    return with_retries(
-        lambda: bytes(fs.cat_file(path, start=0, end=max_size + 1)), what="reading the object", url=url, sleep=sleep
-    )
+    (a manifest): at most `max_size + 1` bytes, so a caller sees an object over `max_size` without fetching it.
+    An empty object is b"" (S3 answers a ranged GET of one with 416, which costs a HEAD to tell apart)."""
+
+    def read() -> bytes:
+        try:
+            return bytes(fs.cat_file(path, start=0, end=max_size + 1))
+        except OSError as error:
+            if error.errno != errno.EINVAL:
+                raise
+            fs.invalidate_cache(path)
+            if int(fs.info(path)["size"]) != 0:
+                raise
+            return b""
+
+    return with_retries(read, what="reading the object", url=url, sleep=sleep)
 
 
 def _offset(value: object, url: str) -> int:
