@@ -29,7 +29,7 @@ from ..storage import remove_quietly
 from .arguments import STORE_HELP, add_quiet_option, store_path
 from .errors import CommandError, UsageError
 from .output import Progress, format_size, plural, progress_bar
-from .stores import REMOTE_EPILOG, add_location_options, check_location_options, filesystem, open_store
+from .stores import REMOTE_EPILOG, add_location_options, filesystem, open_store
 from .transfer import copy_file, dataset_destination
 from .verify import describe_damage, store_check
 
@@ -211,11 +211,10 @@ def _verify_lone(local: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_location_options(args, args.source, args.destination)
     if _same_location(args.source, args.destination):
         raise UsageError(f"SRC and DST are the same place ({args.destination})")
     started = time.perf_counter()
-    with open_store(args.source, args) as store, tempfile.TemporaryDirectory(prefix="varstore-cp-") as staging:
+    with open_store(args.source, args, other_locations=(args.destination,)) as store, tempfile.TemporaryDirectory(prefix="varstore-cp-") as staging:
         sources = _SourceShards(args, staging)
         if isinstance(store, varstore.ShardedReader):
             records, shards, size = _copy_dataset(store, args, sources)

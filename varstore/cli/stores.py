@@ -67,12 +67,13 @@ def reader_options(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def open_store(location: str, args: argparse.Namespace) -> Any:
+def open_store(location: str, args: argparse.Namespace, *, other_locations: tuple[str, ...] = ()) -> Any:
     """The reader of what `location` names (a shard or a dataset, local or at a URL): `varstore.open`, given the
-    command's location options for a URL."""
+    command's location options for a URL. Options given with no URL among `location` and the command's
+    `other_locations` are a usage error."""
+    check_location_options(args, location, *other_locations)
     if is_url(location):
         return varstore.open(location, **reader_options(args))
-    check_location_options(args, location)
     return varstore.open(location)
 
 
