@@ -431,6 +431,49 @@ def test_old_objects_deleted_under_an_open_reader_give_dataset_replaced(s3_serve
             action()
 
 
+def test_overwrite_by_varstores_writer_without_record_checksums_never_gives_an_open_reader_new_records(
+    s3_server: Any,
+) -> None:
+    """Without record checksums nothing checks a ranged read, so the guarantee rests on the remote writer: an
+    overwrite writes new shard names and deletes the old objects only after its manifest lands."""
+    url = f"s3://{s3_server.new_bucket()}/ds"
+    options = s3_server.storage_options
+    old = [f"old {n:04d}" for n in range(40)]
+    with varstore.ShardedWriter(url, "str", max_shard_records=20, checksums=False, storage_options=options) as writer:
+        writer.extend(old)
+    reader = varstore.open(url, storage_options=options)
+    assert reader[0] == old[0]
+    with varstore.ShardedWriter(
+        url, "str", max_shard_records=20, checksums=False, overwrite=True, storage_options=options
+    ) as writer:
+        writer.extend(f"new {n:04d}" for n in range(40))
+    for index in (1, 19, 20, 39):
+        try:
+            assert reader[index] == old[index]
+        except DatasetReplacedError:
+            pass
+
+
+def test_full_cache_disk_is_a_storage_error_naming_the_object_and_caches_nothing(s3_server: Any, tmp_path: Path) -> None:
+    from tests.helpers_tmpfs import fill, mounted_tmpfs
+
+    records = [f"record {n} " * 40 for n in range(100)]
+    local = write_local(tmp_path / "local", records, shard_records=50)
+    url = upload(s3_server, local, f"s3://{s3_server.new_bucket()}/ds")
+    with mounted_tmpfs(256 << 10) as root:
+        cache = root / "cache"
+        reader = varstore.open(url, storage_options=s3_server.storage_options, cache_dir=str(cache))
+        fill(root)
+        with pytest.raises(StorageError, match="No space left") as caught:
+            reader[0]
+        assert f"{url}/shard-000000.index" in str(caught.value)
+        assert [name for name in os.listdir(cache) if not name.endswith(".lock")] == []
+        os.unlink(root / "filler")
+        assert reader[0] == records[0] and reader.get_batch([99, 3]) == [records[99], records[3]]
+        (index,) = cached_files(cache, "shard-000000_index")
+        assert index.read_bytes() == (local / "shard-000000.index").read_bytes()
+
+
 def test_record_object_rewritten_in_place_with_the_same_size_is_caught_by_record_checksums(
     s3_server: Any, tmp_path: Path
 ) -> None:
