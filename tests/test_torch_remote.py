@@ -323,3 +323,21 @@ def test_closing_or_dropping_the_iterator_stops_the_prefetch_thread(tmp_path: An
     for _ in stream:
         pass
     assert not _prefetch_threads()
+
+
+def test_skipping_damaged_shards_works_over_a_url_map_style_and_streaming(tmp_path: Any) -> None:
+    url = "memory://torch-skip/data"
+    _write_bytes(url)
+    fs, _ = open_filesystem(url)
+    damaged = varstore.open(url).manifest.shards[2].name
+    fs.rm(f"/torch-skip/data/{damaged}.index")
+    readable = [_record(index) for index in range(SHARDS * SHARD_RECORDS) if index // SHARD_RECORDS != 2]
+    cache = {"cache_dir": str(tmp_path / "cache")}
+
+    dataset = RecordDataset(url, on_damaged="skip", **cache)
+    assert [bytes(sample.numpy()) for sample in dataset.__getitems__(range(len(dataset)))] == readable
+    assert dataset.skipped_records == {f"{url}/{damaged}": SHARD_RECORDS}
+
+    stream = RecordStream(url, batch_size=16, block_size=8, shuffle_window=64, on_damaged="skip", collate_fn=list, **cache)
+    assert sorted(bytes(sample.numpy()) for batch in stream for sample in batch) == sorted(readable)
+    assert not _prefetch_threads()
