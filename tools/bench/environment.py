@@ -25,6 +25,9 @@ HARNESS = ["torch", "matplotlib>=3.6"]
 # datasets: it goes in without its dependencies, plus the ones its MDS code imports.
 STREAMING = "mosaicml-streaming"
 STREAMING_RUNTIME = ["transformers", "xxhash", "zstd", "Brotli", "python-snappy", "catalogue"]
+# remote.py: the loopback S3 server (moto, as in the tests), the S3 clients of varstore (s3fs) and MDS/litdata
+# (boto3), and pytest, which tests/helpers_fault_proxy.py (the latency proxy remote.py reuses) imports.
+REMOTE = ["s3fs>=2024.1", "moto[s3]>=5", "flask", "flask-cors", "boto3", "pytest"]
 
 
 def _fingerprint() -> str:
@@ -59,6 +62,7 @@ def _install() -> None:
             _pip(requirement)
     if _pip("--no-deps", STREAMING):
         _pip(*STREAMING_RUNTIME)
+    _pip(*REMOTE)
     # litdata pulls torchvision, whose only wheel here is a CUDA build that fails to load beside CPU torch.
     if not _imports("torchvision"):
         subprocess.run([str(PYTHON), "-m", "pip", "uninstall", "--quiet", "--yes", "torchvision"])
