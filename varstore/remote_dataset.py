@@ -13,7 +13,7 @@ from typing import Any
 
 from . import format as fmt
 from .codecs import Codec
-from .errors import FormatError, MissingFileError, VarstoreError
+from .errors import FormatError, MissingFileError, StorageError, VarstoreError
 from .manifest import (
     MANIFEST_NAME,
     MAX_MANIFEST_SIZE,
@@ -84,7 +84,7 @@ class RemoteDatasetSource:
             sizes=(entry.data_size, entry.index_size),
             index_crc32c=entry.index_crc32c,
             verify_reads=verify_reads,
-            replaced_check=replaced_check,
+            replaced_check=lambda: self._check_replaced_if_reachable(replaced_check),
         )
         try:
             check_header_against_entry(shard.header, entry, codec, shard.index_path)
@@ -93,6 +93,17 @@ class RemoteDatasetSource:
             shard.close()
             raise
         return shard
+
+    def _check_replaced_if_reachable(self, replaced_check: ReplacedCheck) -> None:
+        """`replaced_check()`, unless the manifest cannot be fetched at all (an outage, persistent 503s): storage
+        that does not answer says nothing about a replacement, so the failed read's own `StorageError` stands."""
+        try:
+            self.read_manifest()
+        except StorageError:
+            return
+        except VarstoreError:
+            pass  # deleted or damaged: the reader's own check says the dataset was replaced
+        replaced_check()
 
     @staticmethod
     def fetch_shard(shard: Any) -> None:
