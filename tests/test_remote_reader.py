@@ -338,6 +338,23 @@ def test_transient_fault_is_retried_and_a_persistent_one_is_a_storage_error_that
     assert not [name for name in os.listdir(cache) if ".varstore-tmp" in name]
 
 
+@pytest.mark.parametrize("target", ["index", "record"])
+def test_storage_that_stops_answering_is_a_storage_error_not_a_replaced_dataset(
+    faulty_dataset: dict[str, Any], target: str
+) -> None:
+    """A failed read asks whether the dataset was replaced; when the manifest cannot be fetched either (every GET
+    answered 503), that is an outage, not a replacement."""
+    url, proxy = faulty_dataset["url"], faulty_dataset["proxy"]
+    reader = varstore.ShardedReader(url, storage_options=faulty_dataset["options"])
+    assert reader[0] == faulty_dataset["local"][0]
+    proxy.slow_down(times=None, method="GET")
+    object_url = f"{url}/shard-000001.index" if target == "index" else f"{url}/shard-000000.data"
+    with pytest.raises(StorageError) as caught:
+        reader[25] if target == "index" else reader[1]
+    assert not isinstance(caught.value, DatasetReplacedError)
+    assert object_url in str(caught.value)
+
+
 # -- (4) a reader killed mid-download -------------------------------------------------------------------------
 
 READER_CHILD = """
