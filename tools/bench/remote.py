@@ -27,6 +27,7 @@ import argparse
 import importlib
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -218,15 +219,27 @@ def _upload(client: Any, directory: Path, prefix: str) -> dict[str, int]:
     return {"objects": objects, "stored_bytes": stored}
 
 
-def _traffic(proxy: Any, samples: int) -> dict[str, Any]:
-    """Requests and response body bytes the proxy saw since its counters were cleared, total and per sample."""
+def _traffic(proxy: Any, samples: int, log: Path) -> dict[str, Any]:
+    """Requests and response body bytes the proxy saw since its counters were cleared, total and per sample;
+    the requests themselves go to `log` (JSON lines: method, path, range, status, body bytes)."""
     requests = proxy.requests()
+    with open(log, "w") as stream:
+        for request in requests:
+            stream.write(json.dumps([request.method, request.path, request.range, request.status,
+                                     request.body_bytes]) + "\n")
     gets = sum(1 for request in requests if request.method == "GET")
     received = sum(request.body_bytes for request in requests)
     per = max(samples, 1)
     return {"requests": len(requests), "get_requests": gets, "bytes_received": received,
             "requests_per_sample": len(requests) / per, "gets_per_sample": gets / per,
             "bytes_per_sample": received / per}
+
+
+def _cpu_seconds() -> tuple[float, float]:
+    """CPU time of this process (moto and the proxy, which serve every request) and of its finished children
+    (a peer's process and its DataLoader workers)."""
+    server, client = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return server.ru_utime + server.ru_stime, client.ru_utime + client.ru_stime
 
 
 def measure_peer(peer: str, steps: Steps, proxy: Any, client: Any, env: dict[str, str], data: Path) -> dict[str, Any]:
@@ -243,8 +256,11 @@ def measure_peer(peer: str, steps: Steps, proxy: Any, client: Any, env: dict[str
         proxy.clear_counters()
         task = {"step": mode, "peer": peer, "url": f"s3://{BUCKET}/{peer}", "endpoint_url": proxy.url,
                 "cache_dir": str(cache_dir)}
+        server_before, client_before = _cpu_seconds()
         figures = steps(f"{peer}-{mode}", task, env)
-        figures.update(_traffic(proxy, figures.get("samples", 0)))
+        server_after, client_after = _cpu_seconds()
+        figures.update(server_cpu_s=server_after - server_before, client_cpu_s=client_after - client_before)
+        figures.update(_traffic(proxy, figures.get("samples", 0), steps.logs / f"{peer}-{mode}-requests.jsonl"))
         result["modes"][mode] = figures
         shutil.rmtree(cache_dir, ignore_errors=True)
     shutil.rmtree(directory, ignore_errors=True)
@@ -269,21 +285,21 @@ def table(results: dict[str, Any]) -> str:
         f"behind a proxy adding {meta['latency_ms']:g} ms per request; DataLoader batch {BATCH}, "
         f"{meta['workers']} workers; empty cache per epoch.",
         "",
-        "| peer | epoch | samples/s | first batch (s) | open (s) | requests/sample | GETs/sample "
-        "| KB/sample | read / stored | check |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| peer | epoch | samples/s | epoch (s) | first batch (s) | open (s) | requests/sample | GETs/sample "
+        "| KB/sample | read / stored | server CPU (s) | check |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     notes = []
     for peer, result in results["peers"].items():
         label = LABELS[peer]
         if "error" in result:
-            lines.append(f"| {label} | – | – | – | – | – | – | – | – | failed |")
+            lines.append(f"| {label} | – |{' – |' * 9} failed |")
             notes.append(f"- {label}: {result['error']}")
             continue
         for mode, figures in result["modes"].items():
             epoch = "shuffled map-style" if mode == "map" else "streaming"
             if "error" in figures:
-                lines.append(f"| {label} | {epoch} | – | – | – | – | – | – | – | failed |")
+                lines.append(f"| {label} | {epoch} |{' – |' * 9} failed |")
                 notes.append(f"- {label}, {epoch}: {figures['error']}")
                 continue
             check = figures["check"].partition(":")[0]
@@ -292,10 +308,11 @@ def table(results: dict[str, Any]) -> str:
             if check != "ok":
                 notes.append(f"- {label}, {epoch}: {figures['check']}")
             lines.append(
-                f"| {label} | {epoch} | {_cell(figures, 'samples_s', ',.0f')} | {_cell(figures, 'first_batch_s', '.2f')} "
-                f"| {_cell(figures, 'open_s', '.2f')} | {_cell(figures, 'requests_per_sample', '.3f')} "
-                f"| {_cell(figures, 'gets_per_sample', '.3f')} | {figures['bytes_per_sample'] / 1024:.1f} "
-                f"| {amplification} | {check} |")
+                f"| {label} | {epoch} | {_cell(figures, 'samples_s', ',.0f')} | {_cell(figures, 'epoch_s', '.2f')} "
+                f"| {_cell(figures, 'first_batch_s', '.2f')} | {_cell(figures, 'open_s', '.2f')} "
+                f"| {_cell(figures, 'requests_per_sample', '.3f')} | {_cell(figures, 'gets_per_sample', '.3f')} "
+                f"| {figures['bytes_per_sample'] / 1024:.1f} | {amplification} "
+                f"| {_cell(figures, 'server_cpu_s', '.1f')} | {check} |")
     lines += ["", f"Load average before / after: {meta['load_before']} / {meta['load_after']}; "
               f"{meta['minutes']:.1f} min; `{meta['command']}`."]
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
