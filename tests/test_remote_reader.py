@@ -175,7 +175,7 @@ def str_dataset(s3_server: Any, tmp_path_factory: pytest.TempPathFactory) -> tup
     return remote, varstore.open(str(local_dir))
 
 
-@settings(max_examples=25)
+@settings(max_examples=15)
 @given(st.lists(st.integers(-300, 299), max_size=40))
 def test_random_batches_read_through_s3_equal_the_local_dataset(str_dataset: tuple[Any, Any], indices: list[int]) -> None:
     remote, local = str_dataset
@@ -207,9 +207,6 @@ def edge_requests(data_size: int) -> list[tuple[int, int]]:
 
 def range_header(start: int, end: int) -> str:
     return f"bytes={start}-{end - 1}"
-
-
-REPORTED_COSTS: dict[str, Any] = {}
 
 
 def test_request_cost_of_open_first_read_random_read_and_batch(s3_server: Any, tmp_path: Path) -> None:
@@ -247,7 +244,9 @@ def test_request_cost_of_open_first_read_random_read_and_batch(s3_server: Any, t
     expected_first = [("GET", f"ds/{entry.name}.index", None)]
     expected_first += [("GET", f"ds/{entry.name}.data", range_header(*span)) for span in edge_requests(entry.data_size)]
     expected_first += [("GET", f"ds/{entry.name}.data", range_header(int(offsets[10]), int(offsets[11])))]
-    assert [(r.method, r.key, r.range) for r in first] == expected_first
+    seen = [(r.method, r.key, r.range) for r in first]
+    assert len(seen) == len(expected_first) and seen[0] == expected_first[0] and seen[-1] == expected_first[-1]
+    assert sorted(seen[1:-1]) == sorted(expected_first[1:-1])  # the edge GETs run concurrently
 
     random_read = requests_during(lambda: reader[int(local.shard_starts[2]) + 500])
     assert [(r.method, r.key, r.range) for r in random_read] == [
@@ -260,7 +259,7 @@ def test_request_cost_of_open_first_read_random_read_and_batch(s3_server: Any, t
     assert sorted(r.range for r in batch_requests) == sorted(range_header(*span) for span in spans)
     assert all(r.method == "GET" and r.key == f"ds/{entry.name}.data" for r in batch_requests)
     assert reader.get_batch(batch + int(local.shard_starts[2])) == local.get_batch(batch + int(local.shard_starts[2]))
-    REPORTED_COSTS.update(
+    costs = dict(
         open_requests=len(opening),
         first_read_requests=len(first),
         index_bytes=entry.index_size,
@@ -269,7 +268,7 @@ def test_request_cost_of_open_first_read_random_read_and_batch(s3_server: Any, t
         batch_bytes=sum(end - start for start, end in spans),
         batch_payload=int(sum(offsets[i + 1] - offsets[i] for i in batch)),
     )
-    print("request costs:", REPORTED_COSTS)
+    print("request costs (pytest -s shows them):", costs)
 
 
 # -- (3) faults through the proxy ---------------------------------------------------------------------------
@@ -415,25 +414,28 @@ def old_and_new(s3_server: Any, tmp_path: Path) -> dict[str, Any]:
     return {"old": old, "new": new, "url": f"s3://{s3_server.new_bucket()}/ds", "options": s3_server.storage_options}
 
 
-@pytest.mark.parametrize("read", ["opened shard", "unopened shard", "batch", "iteration", "verify", "pickle"])
 def test_dataset_overwritten_under_an_open_reader_is_replaced_never_new_records_as_old(
-    s3_server: Any, old_and_new: dict[str, Any], read: str
+    s3_server: Any, old_and_new: dict[str, Any]
 ) -> None:
+    """The same shard names, shorter records: each read below, by a reader opened on the old version, either
+    raises DatasetReplacedError or (none here can) returns old records."""
     url = upload(s3_server, old_and_new["old"], old_and_new["url"])
-    reader = varstore.open(url, storage_options=old_and_new["options"])
     old = varstore.open(str(old_and_new["old"]))
-    assert reader[0] == old[0]
+    readers = [varstore.open(url, storage_options=old_and_new["options"]) for _ in range(6)]
+    for reader in readers:
+        assert reader[0] == old[0]
     upload(s3_server, old_and_new["new"], url)
-    actions: dict[str, Callable[[], Any]] = {
-        "opened shard": lambda: reader[19],  # past the end of the new, shorter data object
-        "unopened shard": lambda: reader[30],
-        "batch": lambda: reader.get_batch([1, 2, 45]),
-        "iteration": lambda: list(reader),
-        "verify": reader.verify,
-        "pickle": lambda: pickle.loads(pickle.dumps(reader))[0],
-    }
-    with pytest.raises(DatasetReplacedError):
-        actions[read]()
+    actions: list[Callable[[Any], Any]] = [
+        lambda reader: reader[19],  # an opened shard, past the end of the new, shorter data object
+        lambda reader: reader[30],  # a shard not opened yet
+        lambda reader: reader.get_batch([1, 2, 45]),
+        lambda reader: list(reader),
+        lambda reader: reader.verify(),
+        lambda reader: pickle.loads(pickle.dumps(reader))[0],
+    ]
+    for reader, action in zip(readers, actions):
+        with pytest.raises(DatasetReplacedError):
+            action(reader)
 
 
 def test_old_objects_deleted_under_an_open_reader_give_dataset_replaced(s3_server: Any, old_and_new: dict[str, Any]) -> None:
