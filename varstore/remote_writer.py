@@ -53,7 +53,7 @@ from .journal import JOURNAL_NAME, Journal, Run, check_codec, journal_path, new_
 from .locking import DIRECTORY_LOCK_NAME
 from .manifest import MANIFEST_NAME, MAX_MANIFEST_SIZE, Manifest, ShardEntry, decode_manifest
 from .remote.cache import default_cache_dir
-from .remote.filesystems import open_filesystem, upload_file, with_retries
+from .remote.filesystems import open_filesystem, upload_file, upload_manifest_bytes, with_retries
 from .run_start import StartedRun, number_after, numbered_shard_name, shard_number
 from .sharded_writer import ShardedWriter
 from .storage import remove_quietly
@@ -272,21 +272,12 @@ class RemoteShardedWriter(ShardedWriter):
                     "the dataset here changed since this writer started (another writer?); its manifest is left as it is",
                     path=url,
                 )
-        staged = os.path.join(self._directory, MANIFEST_NAME)
-        with open(staged, "wb") as file:
-            file.write(raw)
-
-        def upload() -> None:
-            try:
-                self._fs.put_file(staged, path, mode="overwrite" if replaces is not None else "create")
-            except FileExistsError:
-                if self._fs.cat_file(path) != raw:  # not our own upload, answered after a lost response
-                    raise ShardExistsError(
-                        "a dataset was committed here meanwhile (by another writer); pass overwrite=True to replace it",
-                        path=url,
-                    ) from None
-
-        with_retries(upload, what="uploading the manifest", url=url)
+        try:
+            upload_manifest_bytes(self._fs, path, raw, url=url, create_only=replaces is None)
+        except ShardExistsError:
+            raise ShardExistsError(
+                "a dataset was committed here meanwhile (by another writer); pass overwrite=True to replace it", path=url
+            ) from None
 
     def _manifest_committed(self) -> bool:
         if self._committing_version is None:

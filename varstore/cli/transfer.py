@@ -14,14 +14,13 @@ from __future__ import annotations
 import argparse
 import errno
 import os
-import tempfile
 from typing import Any
 
 from .. import format as fmt
 from ..errors import MissingFileError, ShardExistsError, StorageError, VarstoreError
 from ..locking import LOCK_SUFFIX, WriterLock, lock_directory
 from ..manifest import MANIFEST_NAME, Manifest, checked_manifest_bytes, commit_manifest_file
-from ..remote.filesystems import is_url, list_sizes, upload_file, with_retries
+from ..remote.filesystems import is_url, list_sizes, upload_file, upload_manifest_bytes, with_retries
 from ..storage import (
     fsync_directory, make_directories, publish, remove_quietly, storage_error, sync_directory, temporary_path, write_all,
 )
@@ -206,21 +205,12 @@ class RemoteDestination:
         """Upload the manifest, create-only: a dataset another writer committed meanwhile is never replaced."""
         url = self._url(MANIFEST_NAME)
         raw = checked_manifest_bytes(manifest, path=url)
-        with tempfile.TemporaryDirectory(prefix="varstore-manifest-") as staging:
-            staged = os.path.join(staging, MANIFEST_NAME)
-            with open(staged, "wb") as file:
-                file.write(raw)
-            self._created.append(MANIFEST_NAME)
-
-            def upload() -> None:
-                try:
-                    self._fs.put_file(staged, self._object(MANIFEST_NAME), mode="create")
-                except FileExistsError:
-                    if self._fs.cat_file(self._object(MANIFEST_NAME)) != raw:  # not our own upload, answered late
-                        self._created.remove(MANIFEST_NAME)  # another writer's: never delete it
-                        raise ShardExistsError("a dataset was committed here meanwhile (by another writer)", path=url) from None
-
-            with_retries(upload, what="uploading the manifest", url=url)
+        self._created.append(MANIFEST_NAME)
+        try:
+            upload_manifest_bytes(self._fs, self._object(MANIFEST_NAME), raw, url=url, create_only=True)
+        except ShardExistsError:
+            self._created.remove(MANIFEST_NAME)  # another writer's: never delete it
+            raise
 
     def __exit__(self, exc_type: Any, exc: Any, traceback: Any) -> None:
         if exc_type is None:

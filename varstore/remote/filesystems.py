@@ -33,13 +33,15 @@ import errno
 import functools
 import http.client
 import operator
+import os
 import random
 import re
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 
-from ..errors import MissingFileError, StorageError, VarstoreError
+from ..errors import MissingFileError, ShardExistsError, StorageError, VarstoreError
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
@@ -380,6 +382,27 @@ def upload_file(
 ) -> None:
     """Copy the local file `local_path` to `path` on `fs` (the object `url`), whole, retrying transient faults."""
     with_retries(lambda: fs.put_file(local_path, path), what=f"uploading {local_path}", url=url, sleep=sleep)
+
+
+def upload_manifest_bytes(
+    fs: AbstractFileSystem, path: str, raw: bytes, *, url: str, create_only: bool, sleep: Callable[[float], None] = time.sleep
+) -> None:
+    """Upload `raw` as the object at `path`, the commit of a dataset. With `create_only`, a conditional write
+    (S3 ``If-None-Match: *``): an object already there raises `ShardExistsError`, unless it holds exactly `raw`
+    (this upload, whose answer was lost and retried)."""
+    with tempfile.TemporaryDirectory(prefix="varstore-upload-") as staging:
+        staged = os.path.join(staging, "object")
+        with open(staged, "wb") as file:
+            file.write(raw)
+
+        def upload() -> None:
+            try:
+                fs.put_file(staged, path, mode="create" if create_only else "overwrite")
+            except FileExistsError:
+                if bytes(fs.cat_file(path)) != raw:
+                    raise ShardExistsError("a dataset was committed here meanwhile (by another writer)", path=url) from None
+
+        with_retries(upload, what="uploading the manifest", url=url, sleep=sleep)
 
 
 def download_file(
