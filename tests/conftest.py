@@ -17,6 +17,20 @@ settings.register_profile(
 settings.register_profile("dev", deadline=None, max_examples=200, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+_SESSION_CACHE: list[str] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Point the node cache (and the remote writer's staging) at a folder of this run, never the user's
+    ~/.cache: tests and the README blocks they run (which inherit the environment) share it."""
+    _SESSION_CACHE.append(tempfile.mkdtemp(prefix="varstore-test-cache-"))
+    os.environ["VARSTORE_CACHE_DIR"] = _SESSION_CACHE[0]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for directory in _SESSION_CACHE:
+        shutil.rmtree(directory, ignore_errors=True)
+
 
 @pytest.fixture
 def memory_path(tmp_path: Path) -> Iterator[Path]:
