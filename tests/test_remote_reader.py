@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any, Callable
 
@@ -522,6 +523,7 @@ def test_record_object_rewritten_in_place_with_the_same_size_is_caught_by_record
         ("index object of 10 bytes", FormatError),
         ("index listed as 10 bytes", FormatError),
         ("empty manifest", FormatError),
+        ("shard alone with an index of 10 bytes", FormatError),
     ],
 )
 def test_forged_dataset_is_a_clear_error_without_a_huge_allocation_or_a_hang(
@@ -553,14 +555,23 @@ def test_forged_dataset_is_a_clear_error_without_a_huge_allocation_or_a_hang(
         put_object(s3_server, f"{url}/shard-000001.index", b"x" * 10)
     elif forgery == "empty manifest":
         put_object(s3_server, f"{url}/manifest.json", b"")
+    elif forgery == "shard alone with an index of 10 bytes":
+        put_object(s3_server, f"{url}/shard-000001.index", b"x" * 10)
+        url = f"{url}/shard-000001"
     if forgery.endswith("2**62") or forgery == "index listed as 10 bytes":
         put_object(s3_server, f"{url}/manifest.json", json.dumps(manifest).encode())
     started = time.monotonic()
-    with pytest.raises(error) as caught:
-        reader = varstore.open(url, storage_options=s3_server.storage_options)
-        reader.get_batch(range(30))
+    tracemalloc.start()
+    try:
+        with pytest.raises(error) as caught:
+            reader = varstore.open(url, storage_options=s3_server.storage_options)
+            reader.get_batch(range(len(reader)))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
     assert url in str(caught.value)
     assert time.monotonic() - started < 10
+    assert peak < (32 << 20) + (3 * (64 << 20) if forgery == "manifest over 64 MiB" else 0)  # a client; the body read
 
 
 # -- (6) refusals and imports ----------------------------------------------------------------------------------
