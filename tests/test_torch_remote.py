@@ -22,6 +22,7 @@ pytest.importorskip("fsspec")
 
 import varstore  # noqa: E402
 from varstore.errors import MissingFileError  # noqa: E402
+from varstore.locking import directory_lock_path, lock_waiting  # noqa: E402
 from varstore.remote.filesystems import open_filesystem  # noqa: E402
 from varstore.torch import RecordDataset, RecordStream, TokenWindowDataset  # noqa: E402
 from varstore.torch.prefetch import SHARDS_AHEAD  # noqa: E402
@@ -248,8 +249,10 @@ def test_stream_workers_reopen_the_url_under_fork_and_spawn(s3_server: Any, tmp_
 
 
 def _cached_bytes(cache_dir: str) -> int:
-    """Bytes of the objects under their final names (a final name has no '.': locks and temporaries do)."""
-    return sum(entry.stat().st_size for entry in os.scandir(cache_dir) if entry.is_file() and "." not in entry.name)
+    """Bytes of the objects under their final names (a final name has no '.': locks and temporaries do),
+    counted under the cache-wide lock, which eviction and publishing hold: a consistent snapshot."""
+    with lock_waiting(directory_lock_path(cache_dir), "the test's count", record_holder=False):
+        return sum(entry.stat().st_size for entry in os.scandir(cache_dir) if entry.is_file() and "." not in entry.name)
 
 
 def _mapped_cache_files(cache_dir: str) -> set[str]:

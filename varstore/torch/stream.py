@@ -230,24 +230,21 @@ class RecordStream(IterableDataset):
         if worker is not None:
             self._warn_if_repeated()
         reader = self._dataset.reader
-        if not is_remote(reader):
-            order = _EpochOrder(self, reader.prefetch)
-            for batch_start in range(self._start + worker_id * self.batch_size, order.count, workers * self.batch_size):
-                records = order.records(batch_start, min(batch_start + self.batch_size, order.count))
-                yield self.collate_fn(self._dataset.__getitems__(records))
-            return
-        order = _EpochOrder(self, _no_prefetch)
-        prefetcher = self._shard_prefetcher(reader, worker_id, workers)
+        prefetcher = self._shard_prefetcher(reader, worker_id, workers) if is_remote(reader) else None
+        order = _EpochOrder(self, reader.prefetch if prefetcher is None else _no_prefetch)
         try:
             batch_starts = range(self._start + worker_id * self.batch_size, order.count, workers * self.batch_size)
             for number, batch_start in enumerate(batch_starts):
-                prefetcher.before_batch(number)
+                if prefetcher is not None:
+                    prefetcher.before_batch(number)
                 records = order.records(batch_start, min(batch_start + self.batch_size, order.count))
                 samples = self._dataset.__getitems__(records)
-                prefetcher.after_batch(number)
+                if prefetcher is not None:
+                    prefetcher.after_batch(number)
                 yield self.collate_fn(samples)
         finally:
-            prefetcher.close()
+            if prefetcher is not None:
+                prefetcher.close()
 
     def _shard_prefetcher(self, reader: AnyReader, worker_id: int, workers: int) -> ShardPrefetcher:
         """The thread that fetches this worker's shards of a remote dataset whole, in the order its batches
