@@ -53,12 +53,6 @@ def _write_tokens(location: str, **options: Any) -> None:
             writer.append(_tokens(index))
 
 
-@pytest.fixture(autouse=True)
-def _private_default_cache(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Writers stage under the default cache directory: keep it in the test's own directory."""
-    monkeypatch.setenv("VARSTORE_CACHE_DIR", str(tmp_path / "default-cache"))
-
-
 def _same(left: Any, right: Any) -> bool:
     if isinstance(left, dict):
         return left.keys() == right.keys() and all(_same(left[key], right[key]) for key in left)
