@@ -1,0 +1,353 @@
+"""Datasets written by many tasks at once (Ray, Spark, worker processes) and committed by one driver.
+
+Each task attempt writes its records with a `PartWriter`: shards named
+``part-RUN-PART-ATTEMPT-NNNNNN`` (RUN from `new_run_id`, PART the task's position in the output, ATTEMPT its
+retry number), placed directly in the destination (a local directory or a URL) and no manifest. `close`
+returns the shards' manifest entries as plain JSON-able dicts, for the engine to send back to the driver.
+The driver then calls `commit_parts` with the entries of one successful attempt per part, in part order:
+it checks every listed shard against its entry, writes the manifest last (the commit point), and removes
+every ``part-RUN-*`` file or object it does not list (failed or duplicate attempts). Until that manifest
+is written readers see nothing new, so a killed driver leaves no manifest (or the previous one);
+`abandon_run` removes what a failed conversion wrote.
+
+A shard is written as `ShardedWriter` writes one, in a staging directory of its own (inside the destination
+for a local one, so publishing is a rename on one filesystem; in the node cache for a URL, see
+`varstore.remote_writer`), then published: hard-linked to its final name (never replacing a file), or for
+a URL uploaded data object first, then index object.
+
+Cleanup assumes the attempts of a run have ended when the driver commits or abandons it: an attempt still
+writing then (a speculative duplicate, say) may leave ``part-RUN-*`` shards no manifest lists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import secrets
+import shutil
+from typing import Any, Sequence
+
+from . import format as fmt
+from .codecs import Codec, codec_from_stored, make_codec
+from .errors import FormatError, MissingFileError, ShardExistsError, StorageError, VarstoreError
+from .locking import lock_directory
+from .manifest import (
+    MANIFEST_NAME,
+    MAX_MANIFEST_SIZE,
+    Manifest,
+    ShardEntry,
+    check_codec_params,
+    check_header_against_entry,
+    checked_manifest_bytes,
+    commit_manifest_file,
+    decode_manifest,
+    describe_shard,
+    read_manifest,
+)
+from .reader import Reader
+from .remote.filesystems import (
+    is_url,
+    list_sizes,
+    open_filesystem,
+    read_heads,
+    read_object,
+    read_range,
+    upload_file,
+    upload_manifest_bytes,
+    with_retries,
+)
+from .remote_writer import staging_directory
+from .run_start import StartedRun, begin_run
+from .sharded_writer import ShardedWriter
+from .storage import TEMP_MARK, publish, remove_quietly, sync_directory
+
+_RUN_ID = re.compile(r"[0-9a-f]{1,32}")
+_STAGING_SUFFIX = TEMP_MARK + "staging"
+# Bytes of each index object fetched to check it at commit: its header and, nearly always, its metadata.
+_INDEX_HEAD_BYTES = fmt.HEADER_SIZE + 4096
+
+
+def new_run_id() -> str:
+    """A random id for one conversion (12 hex digits), made once by the driver and given to every task."""
+    return secrets.token_hex(6)
+
+
+def part_prefix(run_id: str, part: int, attempt: int) -> str:
+    """The name every shard of attempt `attempt` of part `part` of run `run_id` starts with."""
+    if not isinstance(run_id, str) or _RUN_ID.fullmatch(run_id) is None:
+        raise VarstoreError(f"run_id must be 1 to 32 lowercase hex digits (new_run_id()), not {run_id!r}")
+    for what, value in (("part", part), ("attempt", attempt)):
+        if type(value) is not int or value < 0:
+            raise VarstoreError(f"{what} must be a non-negative integer, not {value!r}")
+    return f"part-{run_id}-{part:06d}-{attempt}"
+
+
+class PartWriter(ShardedWriter):
+    """The writer of one task attempt: shards ``part-RUN-PART-ATTEMPT-NNNNNN`` in `destination`, no manifest.
+
+    `append`, `extend` and `extend_flat` behave as `ShardedWriter`'s (the same shard boundaries for the same
+    limits). `close()` publishes the last shard and returns every shard's manifest entry as a dict, in order;
+    `abort()` (or an exception in a ``with`` block) removes every shard this attempt wrote.
+    """
+
+    def __init__(
+        self,
+        destination: str | os.PathLike[str],
+        *,
+        run_id: str,
+        part: int,
+        attempt: int,
+        codec: str = "bytes",
+        dtype: Any = None,
+        shape: Sequence[int] | None = None,
+        checksums: bool = True,
+        max_shard_bytes: int = 256 << 20,
+        max_shard_records: int | None = None,
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
+        self._prefix = part_prefix(run_id, part, attempt)
+        self._published: list[str] = []
+        self._returned = False  # close() handed the entries back: the shards are the driver's now
+        super().__init__(
+            destination, codec, dtype=dtype, shape=shape, checksums=checksums, max_shard_bytes=max_shard_bytes,
+            max_shard_records=max_shard_records, storage_options=storage_options,
+        )
+
+    def _locate(self, directory: Any, storage_options: dict[str, Any] | None) -> tuple[str, str]:
+        """The destination and this attempt's own staging directory (emptied: an attempt number is used once)."""
+        if is_url(directory):
+            url = str(directory).rstrip("/")
+            self._fs, self._root = open_filesystem(url, storage_options)
+            self._root = self._root.rstrip("/")
+            self._destination = None
+            staging = f"{staging_directory(url, storage_options)}-{self._prefix}"
+        else:
+            if storage_options is not None:
+                raise VarstoreError("storage_options apply to URLs only, and this is a local path", path=os.fspath(directory))
+            url = self._destination = os.path.abspath(os.fspath(directory))
+            staging = os.path.join(self._destination, self._prefix + _STAGING_SUFFIX)
+        shutil.rmtree(staging, ignore_errors=True)
+        return url, staging
+
+    def _start_run(self, overwrite: bool, resume: bool) -> StartedRun:
+        return begin_run(self._directory, self._codec, overwrite=False, resume=False)
+
+    def _new_shard_name(self) -> str:
+        name = f"{self._prefix}-{self._next_number:06d}"
+        self._next_number += 1
+        return name
+
+    def _publish_shard(self, entry: ShardEntry) -> None:
+        """Move the committed shard from staging to the destination: data first, so an index means whole data."""
+        staged = fmt.shard_paths(os.path.join(self._directory, entry.name))
+        self._published.append(entry.name)
+        if self._destination is not None:
+            final = fmt.shard_paths(os.path.join(self._destination, entry.name))
+            publish(list(zip(staged, final)), overwrite=False)
+            return
+        for local in staged:
+            name = os.path.basename(local)
+            upload_file(local, self._fs, f"{self._root}/{name}", url=f"{self.path}/{name}")
+        remove_quietly(list(staged))
+
+    def _publish_manifest(self, raw: bytes) -> None:
+        """Nothing: the driver's `commit_parts` writes the one manifest."""
+
+    def close(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        """Publish the last shard; returns every shard's manifest entry (plain dicts, in order) for `commit_parts`."""
+        super().close()
+        self._returned = True
+        shutil.rmtree(self._directory, ignore_errors=True)
+        return [dataclasses.asdict(entry) for entry in self._entries]
+
+    def abort(self) -> None:
+        """Remove every shard this attempt wrote, published or not, and its staging directory."""
+        if self._returned or self._pid != os.getpid():
+            return
+        super().abort()
+        _remove_shards(self.path, self._published, self._storage())
+        self._published = []
+        shutil.rmtree(self._directory, ignore_errors=True)
+
+    def _storage(self) -> tuple[Any, str] | None:
+        return None if self._destination is not None else (self._fs, self._root)
+
+
+def commit_parts(
+    destination: str | os.PathLike[str],
+    parts: Sequence[Sequence[dict[str, Any]]],
+    *,
+    run_id: str,
+    codec: str = "bytes",
+    dtype: Any = None,
+    shape: Sequence[int] | None = None,
+    metadata: dict[str, Any] | None = None,
+    overwrite: bool = False,
+    storage_options: dict[str, Any] | None = None,
+) -> list[str]:
+    """Commit the dataset at `destination` made of the shards `parts` lists: ``parts[k]`` holds the entries
+    `PartWriter.close` returned for the successful attempt of part k. Returns the shard names, in order.
+
+    Every listed shard must belong to run `run_id` and part k, and its files or objects must match its entry
+    (sizes, index header, codec), else `FormatError` and no manifest. An existing dataset is replaced only
+    with `overwrite` (`ShardExistsError`). The manifest is written last; then every ``part-RUN-*`` file or
+    object not listed is removed, and with `overwrite` the replaced dataset's shards.
+    """
+    stored = make_codec(codec, dtype=dtype, shape=shape)
+    entries = [_listed_entry(item, run_id, part) for part, items in enumerate(parts) for item in items]
+    manifest = Manifest(stored.name, stored.params(), dict(metadata or {}), entries)
+    if is_url(destination):
+        url = str(destination).rstrip("/")
+        fs, root = open_filesystem(url, storage_options)
+        root = root.rstrip("/")
+        raw = checked_manifest_bytes(manifest, path=f"{url}/{MANIFEST_NAME}")
+        previous = _remote_manifest(fs, root, url, overwrite)
+        _check_remote_shards(fs, root, url, entries, stored)
+        upload_manifest_bytes(fs, f"{root}/{MANIFEST_NAME}", raw, url=f"{url}/{MANIFEST_NAME}", create_only=not overwrite)
+        _remove_leftovers(url, run_id, entries, previous, (fs, root))
+        return [entry.name for entry in entries]
+    if storage_options is not None:
+        raise VarstoreError("storage_options apply to URLs only, and this is a local path", path=os.fspath(destination))
+    directory = os.path.abspath(os.fspath(destination))
+    with lock_directory(directory):
+        checked_manifest_bytes(manifest, path=os.path.join(directory, MANIFEST_NAME))
+        previous = _local_manifest(directory, overwrite)
+        for entry in entries:
+            _check_local_shard(directory, entry, stored)
+        commit_manifest_file(directory, manifest, overwrite=overwrite)
+        sync_directory(directory)
+        _remove_leftovers(directory, run_id, entries, previous, None)
+    return [entry.name for entry in entries]
+
+
+def abandon_run(destination: str | os.PathLike[str], run_id: str, storage_options: dict[str, Any] | None = None) -> None:
+    """Remove every ``part-RUN-*`` file or object of run `run_id` at `destination` (the driver failed)."""
+    storage = None
+    if is_url(destination):
+        path = str(destination).rstrip("/")
+        fs, root = open_filesystem(path, storage_options)
+        storage = (fs, root.rstrip("/"))
+    else:
+        path = os.path.abspath(os.fspath(destination))
+    _remove_leftovers(path, run_id, [], None, storage)
+
+
+def _listed_entry(item: Any, run_id: str, part: int) -> ShardEntry:
+    """A task's entry dict as a `ShardEntry`, refused unless it has exactly the entry's members and names a
+    shard of part `part` of this run (a task cannot make the driver list another file)."""
+    members = {entry_field.name for entry_field in dataclasses.fields(ShardEntry)}
+    if not isinstance(item, dict) or set(item) != members:
+        raise FormatError(f"part {part}: a shard entry must be a dict with the members {sorted(members)}, found {item!r}")
+    name = item["name"]
+    if not isinstance(name, str) or not name.startswith(f"part-{run_id}-{part:06d}-"):
+        raise FormatError(f"part {part}: shard {name!r} is not a shard of run {run_id}, part {part}")
+    return ShardEntry(**item)  # values are checked with the whole manifest (checked_manifest_bytes)
+
+
+def _local_manifest(directory: str, overwrite: bool) -> Manifest | None:
+    """The dataset committed in `directory` (None if none, or damaged: its shards are then unknown)."""
+    if not os.path.lexists(os.path.join(directory, MANIFEST_NAME)):
+        return None
+    if not overwrite:
+        raise ShardExistsError("a dataset already exists here; pass overwrite=True to replace it", path=directory)
+    try:
+        return read_manifest(directory)
+    except (FormatError, StorageError):
+        return None
+
+
+def _remote_manifest(fs: Any, root: str, url: str, overwrite: bool) -> Manifest | None:
+    """The dataset committed at `url` (None if none, or damaged), refused without `overwrite`."""
+    manifest_url = f"{url}/{MANIFEST_NAME}"
+    try:
+        raw = read_object(fs, f"{root}/{MANIFEST_NAME}", url=manifest_url, max_size=MAX_MANIFEST_SIZE)
+    except MissingFileError:
+        return None
+    if not overwrite:
+        raise ShardExistsError("a dataset already exists here; pass overwrite=True to replace it", path=url)
+    try:
+        return decode_manifest(raw, path=manifest_url)
+    except FormatError:
+        return None
+
+
+def _check_local_shard(directory: str, entry: ShardEntry, codec: Codec) -> None:
+    """Refuse a shard whose files are not those its entry describes, or that a reader would refuse at open."""
+    found, header, params = describe_shard(directory, entry.name)
+    index_path = os.path.join(directory, entry.name + fmt.INDEX_SUFFIX)
+    if found != entry:
+        raise FormatError(f"shard does not match the entry its task returned: found {found}, the entry says {entry}", path=index_path)
+    check_header_against_entry(header, entry, codec, index_path)
+    check_codec_params(codec_from_stored(header.codec_id, params, path=index_path), codec, index_path)
+    Reader(os.path.join(directory, entry.name)).close()  # every open check of §1.3
+
+
+def _check_remote_shards(fs: Any, root: str, url: str, entries: list[ShardEntry], codec: Codec) -> None:
+    """Refuse a shard whose objects' sizes, index header or codec differ from its entry: one LIST, one GET per index."""
+    sizes = list_sizes(fs, root, url=url) if entries else {}
+    for entry in entries:
+        for suffix, expected in ((fmt.DATA_SUFFIX, entry.data_size), (fmt.INDEX_SUFFIX, entry.index_size)):
+            if sizes.get(entry.name + suffix) != expected:
+                raise FormatError(
+                    f"object is {sizes.get(entry.name + suffix, 'missing')} bytes, the entry its task returned says {expected}",
+                    path=f"{url}/{entry.name}{suffix}",
+                )
+    heads = read_heads(fs, [(f"{root}/{entry.name}{fmt.INDEX_SUFFIX}", entry.index_size) for entry in entries], _INDEX_HEAD_BYTES, url=url)
+    for entry, head in zip(entries, heads):
+        index_url = f"{url}/{entry.name}{fmt.INDEX_SUFFIX}"
+        header = fmt.unpack_header(head[: fmt.HEADER_SIZE], index_size=entry.index_size, path=index_url)
+        check_header_against_entry(header, entry, codec, index_url)
+        end = fmt.HEADER_SIZE + header.metadata_size
+        if end > len(head):
+            head = read_range(fs, f"{root}/{entry.name}{fmt.INDEX_SUFFIX}", 0, end, url=index_url, size=entry.index_size)
+        params, _ = fmt.decode_metadata(head[fmt.HEADER_SIZE : end], path=index_url)
+        check_codec_params(codec_from_stored(header.codec_id, params, path=index_url), codec, index_url)
+
+
+def _remove_leftovers(
+    path: str, run_id: str, listed: list[ShardEntry], previous: Manifest | None, storage: tuple[Any, str] | None
+) -> None:
+    """Remove the shards (and local staging directories) of run `run_id` not `listed`, and those of the
+    replaced dataset `previous` not listed again."""
+    keep = {entry.name for entry in listed}
+    prefix = f"part-{run_id}-"
+    if storage is None:
+        try:
+            names = os.listdir(path)
+        except FileNotFoundError:
+            return
+        for name in names:
+            if name.startswith(prefix) and name.endswith(_STAGING_SUFFIX):
+                shutil.rmtree(os.path.join(path, name), ignore_errors=True)
+    else:
+        fs, root = storage
+        try:
+            names = list(list_sizes(fs, root, url=path))
+        except MissingFileError:
+            names = []
+    shards = {_shard_name(name) for name in names if name.startswith(prefix)}
+    shards |= {entry.name for entry in previous.shards} if previous is not None else set()
+    _remove_shards(path, sorted(shards - keep - {None}), storage)
+
+
+def _shard_name(file_name: str) -> str | None:
+    for suffix in (fmt.DATA_SUFFIX, fmt.INDEX_SUFFIX):
+        if file_name.endswith(suffix):
+            return file_name[: -len(suffix)]
+    return None
+
+
+def _remove_shards(path: str, names: Sequence[str], storage: tuple[Any, str] | None) -> None:
+    """Remove shards by name, index first (an index is never left without its data); missing ones are fine."""
+    for name in names:
+        data, index = fmt.shard_paths(name)
+        if storage is None:
+            remove_quietly([os.path.join(path, index), os.path.join(path, data)])
+            continue
+        fs, root = storage
+        for object_name in (index, data):
+            try:
+                with_retries(lambda: fs.rm_file(f"{root}/{object_name}"), what="deleting an object", url=f"{path}/{object_name}")
+            except MissingFileError:
+                continue
