@@ -25,7 +25,7 @@ from . import format as fmt
 from .checksum import crc32c
 from .errors import ClosedError, CorruptRecordError, FormatError, MissingFileError, RecordTypeError, StorageError
 from .reader import FlatBatch, check_indices, decode_records, pack_flat, record_buffer
-from .reader_base import ReaderBase, require_version
+from .reader_base import ReaderBase, replaced_error
 from .remote.filesystems import download_file, read_range, read_ranges, with_retries
 from .remote.location import RemoteLocation
 from .shard_index import ShardIndex, map_file
@@ -58,8 +58,9 @@ class RemoteShard(ReaderBase):
         self.path = url
         self.verify_reads = verify_reads
         self._location = RemoteLocation(url, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
-        self._replaced_check: ReplacedCheck = _nothing_replaced
+        self._replaced_check: ReplacedCheck = _while_opening
         self._open()
+        self._replaced_check = self._raise_if_header_changed
 
     @classmethod
     def open_listed(
@@ -292,6 +293,23 @@ class RemoteShard(ReaderBase):
         buffer = record_buffer(self._codec, self._data_map)
         self._index.verify(self._data_map, buffer.decode, progress)
 
+    def _raise_if_header_changed(self) -> None:
+        """A shard opened alone, whose read failed: raise `DatasetReplacedError` if its index header is no longer
+        the one this reader opened (one HEAD and one 64-byte GET). If storage does not answer, the read's own
+        error stands."""
+        fs, _ = self._location.filesystem()
+        index_path, index_url = self._location.sibling(fmt.INDEX_SUFFIX)
+        try:
+            size = _object_size(fs, index_path, index_url)
+            head = read_range(fs, index_path, 0, min(fmt.HEADER_SIZE, size), url=index_url, size=size)
+        except MissingFileError:
+            head = b""
+        except StorageError:
+            return
+        found = crc32c(head[: fmt.HEADER_SIZE - fmt.CHECKSUM_SIZE]) if len(head) == fmt.HEADER_SIZE else None
+        if found != self.version:
+            raise replaced_error(self.kind, self.path, self.version, found)
+
     # -- life cycle --------------------------------------------------------------------------
 
     def _check_open(self) -> None:
@@ -317,12 +335,13 @@ class RemoteShard(ReaderBase):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._location = RemoteLocation.from_state(state["location"])
-        self._replaced_check = _nothing_replaced
+        self._replaced_check = _while_opening
         super().__setstate__(state)
+        self._replaced_check = self._raise_if_header_changed
 
 
-def _nothing_replaced() -> None:
-    """A shard opened alone has no manifest to tell a replacement from damage: its read errors stand."""
+def _while_opening() -> None:
+    """A shard opened alone has no version to compare with until it is open: its open errors stand."""
 
 
 def _offsets_of(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
