@@ -42,10 +42,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import environment  # noqa: E402
 
 ROOT = environment.ROOT
-REMOTE_PEERS = {"varstore": "varstore_remote", "mds": "mds_remote", "litdata": "litdata_remote",
-                "litdata-boto3": "litdata_boto3_remote"}
-LABELS = {"varstore": "varstore", "mds": "MosaicML Streaming (MDS)", "litdata": "litdata",
-          "litdata-boto3": "litdata (boto3, obstore off)"}
+REMOTE_PEERS = {"varstore": "varstore_remote", "mds": "mds_remote", "mds-forkserver": "mds_forkserver_remote",
+                "litdata": "litdata_remote", "litdata-boto3": "litdata_boto3_remote"}
+LABELS = {"varstore": "varstore", "mds": "MosaicML Streaming (MDS)", "mds-forkserver": "MDS (fork-server workers)",
+          "litdata": "litdata", "litdata-boto3": "litdata (boto3, obstore off)"}
 WORKLOAD = "blobs"
 RECORDS = 4000
 MIN_RECORDS = 200
@@ -136,7 +136,8 @@ def _map_loader(peer: Any, remote: Any, workers: int) -> Any:
 
     dataset = peer.map_dataset(remote)
     sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(SEED))
-    return DataLoader(dataset, batch_size=BATCH, sampler=sampler, num_workers=workers, collate_fn=keep_list)
+    return DataLoader(dataset, batch_size=BATCH, sampler=sampler, num_workers=workers, collate_fn=keep_list,
+                      multiprocessing_context=peer.worker_start if workers else None)
 
 
 def run_child(task: dict[str, Any]) -> dict[str, Any]:

@@ -51,6 +51,8 @@ class RemotePeer:
 
     name = ""
     label = ""
+    # How DataLoader workers start (None: torch's default, fork on Linux).
+    worker_start: str | None = None
 
     def write(self, workload: Workload, directory: str, shard_bytes: int) -> None:
         """Store the records of `workload` (bytes) under `directory` in shards of about `shard_bytes`, ready to

@@ -42,7 +42,8 @@ class MDSRemote(RemotePeer):
 
     def stream(self, remote: Remote, batch_size: int, workers: int, seed: int) -> Iterable[Any]:
         dataset = self._dataset(remote, batch_size, shuffle=True, seed=seed)
-        return DataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=_payloads)
+        return DataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=_payloads,
+                          multiprocessing_context=self.worker_start if workers else None)
 
 
 PEER = MDSRemote()
