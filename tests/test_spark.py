@@ -1,0 +1,222 @@
+"""`varstore.spark.write_dataframe` on Spark in local mode: equal to the serial `ShardedWriter`, to a local
+directory and to the loopback S3 server; exactly once when a task attempt fails or its worker dies; nothing
+committed by a failed job; overwrite re-runs. One SparkSession (``local[2,3]``: two cores, a task may fail
+twice before its job does) for the whole test session."""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+pytest.importorskip("pyspark", reason="the Spark tests need the spark extra: pip install -e '.[spark]'")
+
+import varstore  # noqa: E402
+from varstore.errors import ShardExistsError  # noqa: E402
+from varstore.remote.filesystems import open_filesystem  # noqa: E402
+from varstore.spark import write_dataframe  # noqa: E402
+
+# 600 records of 0 to 3000 bytes (some empty) over 3 partitions; shards of at most 40 kB, so several per part.
+RECORD_COUNT = 600
+PARTITIONS = 3
+SHARD_BYTES = 40_000
+SCHEMA = "id long, payload binary"
+
+
+def make_payloads() -> list[bytes]:
+    generator = random.Random(13)
+    return [generator.randbytes(generator.choice([0, 1, 7, 100, 700, 3000])) for _ in range(RECORD_COUNT)]
+
+
+PAYLOADS = make_payloads()
+
+
+@pytest.fixture(scope="session")
+def spark(s3_server: Any) -> Iterator[Any]:
+    """The session's SparkSession. Started after the S3 server, so the Python workers inherit its loopback-only
+    AWS environment; workers run this interpreter; no UI; few shuffle partitions."""
+    from pyspark.sql import SparkSession
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    session = (
+        SparkSession.builder.master("local[2,3]")  # local[N,F]: F attempts per task (spark.task.maxFailures is ignored in local mode)
+        .appName("varstore-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.sql.adaptive.coalescePartitions.enabled", "false")  # else a small sort lands in one partition
+        .config("spark.driver.memory", "1g")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("FATAL")  # failed attempts are planned here; their stack traces are noise
+    yield session
+    session.stop()
+
+
+def payload_frame(spark: Any, payloads: list[bytes] = PAYLOADS) -> Any:
+    """A DataFrame of (id, payload) rows in id order, cut into PARTITIONS contiguous partitions."""
+    rows = spark.sparkContext.parallelize(list(enumerate(payloads)), PARTITIONS)
+    return spark.createDataFrame(rows, SCHEMA)
+
+
+def serial_records(directory: Path, payloads: list[bytes]) -> list[bytes]:
+    """What the serial writer stores for `payloads`."""
+    with varstore.ShardedWriter(directory, max_shard_bytes=SHARD_BYTES) as writer:
+        writer.extend(payloads)
+    return list(varstore.open(directory))
+
+
+def read_verified(path: Any, **options: Any) -> list[Any]:
+    reader = varstore.open(path, **options)
+    reader.verify()
+    return list(reader)
+
+
+def listed_files(names: list[str]) -> set[str]:
+    return {"manifest.json"} | {name + suffix for name in names for suffix in (".data", ".index")}
+
+
+def local_files(directory: Path) -> set[str]:
+    """Every file in `directory` but lock files (a writer's lock is unlinked at release, see varstore.locking)."""
+    return {name for name in os.listdir(directory) if not name.endswith(".lock")}
+
+
+def bucket_files(url: str, options: dict[str, Any]) -> set[str]:
+    fs, root = open_filesystem(url, options)
+    fs.invalidate_cache()
+    try:
+        return {os.path.basename(path) for path in fs.ls(root, detail=False)} if fs.exists(root) else set()
+    finally:
+        fs.invalidate_cache()
+
+
+def test_ordered_dataframe_is_written_in_partition_order_equal_to_the_serial_writer(spark: Any, tmp_path: Path) -> None:
+    shuffled = list(enumerate(PAYLOADS))
+    random.Random(5).shuffle(shuffled)
+    ordered = spark.createDataFrame(shuffled, SCHEMA).orderBy("id")  # a range shuffle into several partitions
+
+    names = write_dataframe(ordered, tmp_path / "spark", column="payload", max_shard_bytes=SHARD_BYTES)
+
+    assert read_verified(tmp_path / "spark") == serial_records(tmp_path / "serial", PAYLOADS) == PAYLOADS
+    assert len({name.split("-")[2] for name in names}) > 1, "one task wrote everything: nothing ran in parallel"
+    assert local_files(tmp_path / "spark") == listed_files(names)
+
+
+def test_record_function_and_empty_partitions_give_the_serial_writer_records(spark: Any, tmp_path: Path) -> None:
+    texts = [f"row {number} " * (number % 5) for number in range(40)]
+    frame = spark.createDataFrame(spark.sparkContext.parallelize(list(enumerate(texts)), 8), "id long, text string")
+    frame = frame.filter("id < 10 or id >= 30")  # partitions 2 to 5 are left empty
+
+    write_dataframe(frame, tmp_path / "spark", record=lambda row: f"{row['id']}:{row['text']}", codec="str")
+
+    kept = [f"{number}:{text}" for number, text in enumerate(texts) if number < 10 or number >= 30]
+    assert read_verified(tmp_path / "spark") == kept
+
+
+def test_s3_destination_equals_the_serial_writer_and_keeps_only_listed_objects(
+    spark: Any, s3_server: Any, tmp_path: Path
+) -> None:
+    url = f"s3://{s3_server.new_bucket()}/corpus"
+    options = s3_server.storage_options
+
+    names = write_dataframe(
+        payload_frame(spark), url, column="payload", max_shard_bytes=SHARD_BYTES, storage_options=options,
+        metadata={"source": "test"},
+    )
+
+    assert read_verified(url, storage_options=options) == serial_records(tmp_path / "serial", PAYLOADS)
+    assert varstore.open(url, storage_options=options).metadata == {"source": "test"}
+    assert bucket_files(url, options) == listed_files(names)
+
+
+class PlantedFailure(RuntimeError):
+    """Raised on purpose inside a task."""
+
+
+def fail_first_attempt(marker: Path, *, kill: bool) -> Any:
+    """A record function that, in the first attempt of partition 1 and after half its rows (so shards are
+    already published), raises or kills its Python worker, leaving `marker` as evidence it did."""
+    from pyspark import TaskContext
+
+    def record(row: dict[str, Any]) -> bytes:
+        context = TaskContext.get()
+        if context.partitionId() == 1 and context.attemptNumber() == 0 and row["id"] >= RECORD_COUNT // 2:
+            marker.write_text(str(len(os.listdir(marker.parent / "spark"))))  # how many files the attempt left
+            if kill:
+                os._exit(17)  # no abort, no cleanup: commit_parts must remove what this attempt published
+            raise PlantedFailure("first attempt of partition 1")
+        return row["payload"]
+
+    return record
+
+
+@pytest.mark.parametrize("kill", [False, True], ids=["raises", "worker-dies"])
+def test_a_failed_first_attempt_is_retried_and_every_record_is_stored_once(spark: Any, tmp_path: Path, kill: bool) -> None:
+    marker = tmp_path / "failed-once"
+    (tmp_path / "spark").mkdir()
+
+    names = write_dataframe(
+        payload_frame(spark), tmp_path / "spark", record=fail_first_attempt(marker, kill=kill), max_shard_bytes=SHARD_BYTES
+    )
+
+    assert marker.exists(), "the planted failure never ran"
+    assert int(marker.read_text()) > 0, "the failed attempt had published no shard: its cleanup is untested"
+    assert read_verified(tmp_path / "spark") == PAYLOADS
+    assert local_files(tmp_path / "spark") == listed_files(names), "a failed attempt's shards were left or listed"
+
+
+def test_collected_rows_come_only_from_successful_attempts(spark: Any) -> None:
+    """The claim write_dataframe rests on: a task's rows reach collect() only if that attempt succeeded, even
+    rows it yielded before failing."""
+    from pyspark import TaskContext
+
+    def yield_then_fail(batches: Iterator[Any]) -> Iterator[Any]:
+        import pandas as pd
+
+        context = TaskContext.get()
+        for _ in batches:
+            pass
+        yield pd.DataFrame({"part": [context.partitionId()], "attempt": [context.attemptNumber()]})
+        if context.partitionId() == 1 and context.attemptNumber() == 0:
+            raise PlantedFailure("after yielding a row")
+
+    rows = spark.range(30, numPartitions=PARTITIONS).mapInPandas(yield_then_fail, "part int, attempt int").collect()
+
+    assert sorted((row.part, row.attempt) for row in rows) == [(0, 0), (1, 1), (2, 0)]
+
+
+def test_a_failed_job_commits_nothing_and_keeps_the_previous_dataset(spark: Any, tmp_path: Path) -> None:
+    destination = tmp_path / "spark"
+    previous = write_dataframe(payload_frame(spark, PAYLOADS[:50]), destination, column="payload")
+
+    def always_fail(row: dict[str, Any]) -> bytes:
+        if row["id"] >= RECORD_COUNT // 2:
+            raise PlantedFailure("every attempt")
+        return row["payload"]
+
+    with pytest.raises(Exception, match="every attempt"):
+        write_dataframe(payload_frame(spark), destination, record=always_fail, max_shard_bytes=SHARD_BYTES, overwrite=True)
+
+    assert read_verified(destination) == PAYLOADS[:50]
+    assert local_files(destination) == listed_files(previous), "the failed run left shards behind"
+
+    with pytest.raises(Exception, match="every attempt"):
+        write_dataframe(payload_frame(spark), tmp_path / "new", record=always_fail, max_shard_bytes=SHARD_BYTES)
+    assert local_files(tmp_path / "new") == set(), "a failed job into a new destination left files"
+
+
+def test_overwrite_rerun_gives_the_same_dataset_and_removes_the_replaced_shards(spark: Any, tmp_path: Path) -> None:
+    destination = tmp_path / "spark"
+    first = write_dataframe(payload_frame(spark), destination, column="payload", max_shard_bytes=SHARD_BYTES)
+
+    with pytest.raises(ShardExistsError):
+        write_dataframe(payload_frame(spark), destination, column="payload")
+    second = write_dataframe(payload_frame(spark), destination, column="payload", max_shard_bytes=SHARD_BYTES, overwrite=True)
+
+    assert read_verified(destination) == PAYLOADS
+    assert not set(first) & set(second), "a re-run reused shard names"
+    assert local_files(destination) == listed_files(second)

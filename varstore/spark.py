@@ -1,0 +1,150 @@
+"""Spark: `write_dataframe` turns a DataFrame into one varstore dataset, each partition's task writing its own shards.
+
+    from varstore.spark import write_dataframe
+    write_dataframe(df, "s3://bucket/corpus", column="text", codec="str")
+
+Each task writes its partition with a `varstore.parts.PartWriter` (part = the partition's index, attempt =
+Spark's task attempt id, unique in the application: a retried task, even in a retried stage, writes under
+new names) and returns its shards' manifest entries as one JSON string. The driver collects those results
+— a Spark job's result holds exactly one successful attempt per partition — and commits them in partition
+order with `varstore.parts.commit_parts`, which writes the manifest last and removes whatever other
+attempts wrote. A failed job commits nothing and removes every shard of its run (`abandon_run`).
+
+Records cross from Spark to varstore as pandas values (`mapInPandas`): a ``binary`` column gives `bytes`,
+``string`` gives `str`, an array column gives numpy arrays. Only plain options, the user's `record`
+function and JSON strings travel between driver and executors; no varstore object is pickled. Executors
+need varstore installed; a URL destination must be reachable from every executor.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from typing import Any, Callable, Iterator, Sequence
+
+try:
+    import pandas as pd
+    from pyspark import TaskContext
+    from pyspark.sql import DataFrame
+except ImportError as error:  # pragma: no cover - depends on the install
+    raise ImportError(f"varstore.spark needs pyspark, pandas and pyarrow: pip install 'varstore[spark]' ({error})") from None
+
+from .codecs import make_codec
+from .errors import FormatError, ShardExistsError, VarstoreError
+from .manifest import MANIFEST_NAME
+from .parts import PartWriter, abandon_run, commit_parts, new_run_id
+from .remote.filesystems import is_url, open_filesystem
+
+__all__ = ["write_dataframe"]
+
+# One row per task: which partition, which attempt, and its shards' manifest entries as a JSON list.
+_RESULT_SCHEMA = "part int, attempt long, entries string"
+
+
+def write_dataframe(
+    df: DataFrame,
+    path_or_url: str | os.PathLike[str],
+    *,
+    column: str | None = None,
+    record: Callable[[dict[str, Any]], Any] | None = None,
+    codec: str = "bytes",
+    dtype: Any = None,
+    shape: Sequence[int] | None = None,
+    checksums: bool = True,
+    max_shard_bytes: int = 256 << 20,
+    max_shard_records: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+    overwrite: bool = False,
+    metadata: dict[str, Any] | None = None,
+) -> list[str]:
+    """Write the rows of `df`, in partition order, as the dataset at `path_or_url`; returns its shard names.
+
+    Each row gives one record: the value of `column`, or `record(row)` with the row as a dict of its
+    columns. `codec`, `dtype`, `shape`, `checksums`, `max_shard_bytes` and `max_shard_records` are
+    `ShardedWriter`'s (shard limits apply per partition). An existing dataset is refused before any task
+    runs unless `overwrite`. If the job fails, no manifest is written and the run's shards are removed.
+    """
+    if (column is None) == (record is None):
+        raise VarstoreError("give exactly one of column= (a column of records) and record= (a function of a row)")
+    destination = str(path_or_url) if is_url(path_or_url) else os.path.abspath(os.fspath(path_or_url))
+    if column is not None and column not in df.columns:
+        raise VarstoreError(f"the DataFrame has no column {column!r} (it has {df.columns})", path=destination)
+    make_codec(codec, dtype=dtype, shape=shape)  # bad codec options fail here, not in every task
+    if not overwrite:
+        _refuse_existing_dataset(destination, storage_options)
+    run_id = new_run_id()
+    write_partition = functools.partial(
+        _write_partition,
+        destination=destination,
+        writer_options={
+            "run_id": run_id, "codec": codec, "dtype": dtype, "shape": shape,
+            "checksums": checksums, "max_shard_bytes": max_shard_bytes, "max_shard_records": max_shard_records,
+            "storage_options": storage_options,
+        },
+        column=column,
+        record=record,
+    )
+    try:
+        parts = _entries_in_part_order(df.mapInPandas(write_partition, schema=_RESULT_SCHEMA).collect())
+    except BaseException:
+        abandon_run(destination, run_id, storage_options=storage_options)
+        raise
+    try:
+        return commit_parts(
+            destination, parts, run_id=run_id, codec=codec, dtype=dtype, shape=shape, metadata=metadata,
+            overwrite=overwrite, storage_options=storage_options,
+        )
+    except (ShardExistsError, FormatError):  # refused before its manifest: nothing of this run is listed
+        abandon_run(destination, run_id, storage_options=storage_options)
+        raise
+
+
+def _refuse_existing_dataset(destination: str, storage_options: dict[str, Any] | None) -> None:
+    """`ShardExistsError` if a dataset is committed at `destination`: before the job, not after its work."""
+    if is_url(destination):
+        fs, root = open_filesystem(destination, storage_options)
+        fs.invalidate_cache(root)  # fsspec's listing cache may predate the manifest
+        exists = fs.exists(f"{root.rstrip('/')}/{MANIFEST_NAME}")
+    else:
+        exists = os.path.lexists(os.path.join(destination, MANIFEST_NAME))
+    if exists:
+        raise ShardExistsError("a dataset already exists here; pass overwrite=True to replace it", path=destination)
+
+
+def _write_partition(
+    batches: Iterator[pd.DataFrame],
+    *,
+    destination: str,
+    writer_options: dict[str, Any],
+    column: str | None,
+    record: Callable[[dict[str, Any]], Any] | None,
+) -> Iterator[pd.DataFrame]:
+    """The task: write this partition's records as this attempt's shards, yield one row of their entries."""
+    context = TaskContext.get()
+    part, attempt = context.partitionId(), context.taskAttemptId()
+    writer = PartWriter(destination, part=part, attempt=attempt, **writer_options)
+    try:
+        for batch in batches:
+            if column is not None:
+                writer.extend(batch[column].tolist())
+            else:
+                writer.extend(record(row) for row in batch.to_dict("records"))  # type: ignore[misc]
+        entries = writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    yield pd.DataFrame({"part": [part], "attempt": [attempt], "entries": [json.dumps(entries)]})
+
+
+def _entries_in_part_order(rows: list[Any]) -> list[list[dict[str, Any]]]:
+    """``parts[k]``: the entries of partition k's one successful attempt (none for a partition without a row)."""
+    by_part: dict[int, Any] = {}
+    for row in rows:
+        if row.part in by_part:  # Spark keeps one result per partition; two would list one partition twice
+            raise VarstoreError(f"partition {row.part} was reported by attempts {by_part[row.part].attempt} and {row.attempt}")
+        by_part[row.part] = row
+    parts: list[list[dict[str, Any]]] = [[] for _ in range(max(by_part, default=-1) + 1)]
+    for part, row in by_part.items():
+        parts[part] = json.loads(row.entries)
+    return parts
