@@ -29,6 +29,7 @@ class ReaderBase:
     verify_reads: bool
     header: Header
     kind = "shard"  # what the reader opened, as errors name it
+    is_remote = False  # whether it reads from object storage (a URL)
     _codec: Codec
 
     def _open(self) -> None:

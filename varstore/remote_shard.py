@@ -46,6 +46,8 @@ class RemoteShard(ReaderBase):
     It pickles as its URL, options and version, and reopens in the receiving process.
     """
 
+    is_remote = True
+
     def __init__(
         self,
         url: str,
@@ -122,10 +124,6 @@ class RemoteShard(ReaderBase):
         self._closed = False
 
     # -- description -------------------------------------------------------------------------
-
-    @property
-    def is_remote(self) -> bool:
-        return True
 
     @property
     def metadata(self) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import resource
 import stat
 import threading
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -53,6 +54,7 @@ from .remote_shard import RemoteShard
 _FILES_PER_SHARD = 2
 _SPARE_FILE_DESCRIPTORS = 64
 _MIN_OPEN_SHARDS = 8
+_MAX_CONCURRENT_SHARDS = 16  # a remote batch reads this many shards at once, at most
 _OPEN_ATTEMPTS = 3  # a fresh open that races an overwrite reads the new manifest and tries again, this often
 # What opening a missing, damaged or replaced shard raises; a StorageError (EMFILE, EIO) is no verdict on the shard.
 _SHARD_ERRORS = (FormatError, MissingFileError)
@@ -221,6 +223,7 @@ class ShardedReader(ReaderBase):
         self.verify_reads = verify_reads
         self._quarantine: dict[int, str] | None = None
         self._source = dataset_source(self.path, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
+        self.is_remote = self._source.is_remote
         self._open()
 
     @classmethod
@@ -232,6 +235,7 @@ class ShardedReader(ReaderBase):
         reader.verify_reads = verify_reads
         reader._quarantine = {}
         reader._source = dataset_source(reader.path, **remote)
+        reader.is_remote = reader._source.is_remote
         reader._open()
         return reader
 
@@ -285,17 +289,13 @@ class ShardedReader(ReaderBase):
         """The version this reader opened: BLAKE2b-128 of its manifest's bytes."""
         return self._version
 
-    @property
-    def is_remote(self) -> bool:
-        """Whether the dataset is in object storage (opened from a URL)."""
-        return self._source.is_remote
-
     def __getstate__(self) -> dict[str, Any]:
         return {**super().__getstate__(), "quarantining": self._quarantine is not None, "remote": self._source.state()}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._quarantine = {} if state["quarantining"] else None
         self._source = dataset_source(state["path"], **(state["remote"] or {}))
+        self.is_remote = self._source.is_remote
         super().__setstate__(state)
 
     @property
@@ -418,10 +418,19 @@ class ShardedReader(ReaderBase):
             shard, _, local = groups[0]
             return self.shard(shard).get_batch(local)
         results: list[Any] = [None] * sum(len(positions) for _, positions, _ in groups)
-        for shard, positions, local in groups:
-            for position, record in zip(positions.tolist(), self.shard(shard).get_batch(local)):
+        for (_, positions, _), records in zip(groups, self._per_shard(groups, "get_batch")):
+            for position, record in zip(positions.tolist(), records):
                 results[position] = record
         return results
+
+    def _per_shard(self, groups: list[tuple[int, np.ndarray, np.ndarray]], method: str) -> list[Any]:
+        """`method` (``get_batch`` or ``get_batch_flat``) of each group's shard on its local indices, in order: one
+        shard after another for a local dataset; at once, a thread per shard, for a remote one, so that a batch
+        touching k shards costs one round trip, not k."""
+        if not self._source.is_remote or len(groups) < 2:
+            return [getattr(self.shard(shard), method)(local) for shard, _, local in groups]
+        with ThreadPoolExecutor(max_workers=min(len(groups), _MAX_CONCURRENT_SHARDS)) as pool:
+            return list(pool.map(lambda group: getattr(self.shard(group[0]), method)(group[2]), groups))
 
     def get_batch_flat(self, indices: Sequence[int] | np.ndarray) -> FlatBatch:
         """Records at `indices` packed into one buffer plus offsets, as `Reader.get_batch_flat`."""
@@ -431,7 +440,7 @@ class ShardedReader(ReaderBase):
             return self.shard(shard).get_batch_flat(local)
         if not groups:
             return self.shard(0).get_batch_flat([]) if self.manifest.shards else FlatBatch(np.zeros(0, np.uint8), np.zeros(1, np.int64))
-        parts = [self.shard(shard).get_batch_flat(local) for shard, _, local in groups]
+        parts = self._per_shard(groups, "get_batch_flat")
         grouped_values = np.concatenate([part.values for part in parts])
         grouped_lengths = np.concatenate([np.diff(part.offsets) for part in parts])
         grouped_starts = np.zeros(len(grouped_lengths), np.int64)
