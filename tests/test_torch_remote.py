@@ -29,7 +29,7 @@ from varstore.torch.prefetch import SHARDS_AHEAD  # noqa: E402
 
 SHARD_RECORDS = 40
 SHARDS = 6
-PREFETCH_THREAD = "varstore-shard-prefetch"
+PREFETCH_THREAD = "varstore-prefetch"
 JOIN_SECONDS = 120
 
 
@@ -184,8 +184,10 @@ _EPOCH_SCRIPT = textwrap.dedent(
         streamed = []
         for batch in DataLoader(stream, batch_size=None, num_workers=2):
             streamed += batch
+        in_order = RecordStream(url, batch_size=16, shuffle=False, collate_fn=as_hex, **remote)
+        sequential = [record for batch in in_order for record in batch]  # the two processes share the cache
         with open(out, "w") as result:
-            json.dump({"mapped": mapped, "streamed": streamed}, result)
+            json.dump({"mapped": mapped, "streamed": streamed, "sequential": sequential}, result)
     """
 )
 
@@ -218,7 +220,9 @@ def test_two_processes_with_two_workers_each_download_each_object_once(s3_server
         result = json.loads((tmp_path / f"out-{number}.json").read_text())
         assert sorted(result["mapped"]) == every_record
         assert result["streamed"] == expected_stream
+        assert result["sequential"] == [_record(index).hex() for index in range(SHARDS * SHARD_RECORDS)]
 
+    # Map-style reads and the shuffled stream read ranges; the unshuffled stream downloads each data object.
     manifest = varstore.open(url).manifest
     for entry in manifest.shards:
         assert _whole_gets(s3_server, bucket, f"data/{entry.name}.index") == 1, entry.name
@@ -268,13 +272,21 @@ def test_a_streaming_epoch_under_a_cache_limit_smaller_than_the_data(s3_server: 
     stream = RecordStream(url, storage_options=s3_server.storage_options, cache_dir=cache_dir, cache_limit=limit, **settings)
     records = []
     most_mapped_data = 0
+    ever_cached: set[str] = set()
     for batch in stream:
         records += [bytes(sample.numpy()) for sample in batch]
         assert _cached_bytes(cache_dir) <= limit
         most_mapped_data = max(most_mapped_data, sum(path.endswith("_data") for path in _mapped_cache_files(cache_dir)))
+        ever_cached |= {name for name in os.listdir(cache_dir) if "." not in name}
     _write_bytes(str(tmp_path / "local"))
     assert records == [bytes(sample.numpy()) for batch in RecordStream(str(tmp_path / "local"), **settings) for sample in batch]
     assert _cached_bytes(cache_dir) <= limit
+    if shuffle:
+        # A shuffled stream reads each window's blocks by ranged requests into memory: the cache holds index files only.
+        assert ever_cached and all(name.endswith("_index") for name in ever_cached), ever_cached
+        assert most_mapped_data == 0
+        assert not any(_whole_gets(s3_server, bucket, key) for key in _data_keys(bucket, "data"))
+        return
     # Consumed shards are released: a worker holds the shards its current batch reads and those fetched ahead.
     assert most_mapped_data <= SHARDS_AHEAD + 2 < SHARDS
     for key in _data_keys(bucket, "data"):

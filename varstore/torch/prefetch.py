@@ -1,25 +1,90 @@
-"""`ShardPrefetcher`: a thread that brings whole shards of a remote dataset into the node cache ahead of a
-stream, and releases each shard once the stream has read its last record.
+"""Threads that fetch a stream's remote data ahead of its batches: `Prefetcher`, the one thread loop, and
+`ShardPrefetcher`, which uses it to bring whole shards into the node cache.
 
-The stream knows its batches in advance, hence for each shard the first and the last of its batches that
-read it (`ShardSchedule`). The thread fetches shards in order of first use, at most `SHARDS_AHEAD` beyond
-those the stream has started on; before a batch the stream waits until every shard the batch reads is
-fetched, and after its last batch of a shard it releases the shard, so that the node cache's LRU eviction
-can reclaim its files under `cache_limit`. A fetch that fails stops the thread; the stream raises that
-error itself (the same exception object) when it reaches a batch that needs the shard.
+A stream knows its batches in advance, so what it will need is a list of jobs in order of use. `Prefetcher`
+runs them in a thread, at most `ahead` beyond those the stream has asked for, and keeps each job's result
+until the stream takes it. A job that fails stops the thread; the stream raises that error itself (the
+same exception object) when it asks for that job or a later one. Closing stops the thread.
+
+Two jobs lists use it (see `RecordStream`): with ``shuffle=False``, whole shards in order of first use
+(`ShardPrefetcher`, `SHARDS_AHEAD` ahead, each released after its last batch so that the node cache can
+evict it under `cache_limit`); with ``shuffle=True``, the records of the next shuffle window, read by
+ranged requests into memory (one window ahead), never into the node cache.
 """
 
 from __future__ import annotations
 
 import bisect
 import threading
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
 # How many shards the thread fetches beyond those the stream has started reading: one being downloaded
 # while the stream finishes the current one, and one more to absorb an uneven download.
 SHARDS_AHEAD = 2
+THREAD_NAME = "varstore-prefetch"
+
+
+class Prefetcher:
+    """Runs `jobs` in order in a thread, at most `ahead` beyond the first `count` that `wait(count)` asked for.
+
+    Call `wait(count)` before using the results of jobs [0, count) (counts never decrease), `take(number)`
+    for job `number`'s result (once), and `close` to stop the thread (after the job in progress).
+    """
+
+    def __init__(self, jobs: Sequence[Callable[[], Any]], ahead: int) -> None:
+        self._jobs = jobs
+        self._ahead = ahead
+        self._condition = threading.Condition()
+        self._asked = 0  # jobs the stream has asked for
+        self._done = 0  # jobs finished, all of them in order
+        self._results: dict[int, Any] = {}
+        self._error: BaseException | None = None
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        for number, job in enumerate(self._jobs):
+            with self._condition:
+                self._condition.wait_for(lambda: self._stopping or number < self._asked + self._ahead)
+                if self._stopping:
+                    return
+            try:
+                result = job()
+            except BaseException as error:  # handed to the stream, which raises it
+                with self._condition:
+                    self._error = error
+                    self._condition.notify_all()
+                return
+            with self._condition:
+                if result is not None:  # a shard fetch returns nothing to keep
+                    self._results[number] = result
+                self._done = number + 1
+                self._condition.notify_all()
+
+    def wait(self, count: int) -> None:
+        """Wait until jobs [0, count) are done; raise the error a failed one of them raised."""
+        with self._condition:
+            if count > self._asked:
+                self._asked = count
+                self._condition.notify_all()
+            self._condition.wait_for(lambda: self._done >= count or self._error is not None)
+            if self._done < count:
+                raise self._error  # type: ignore[misc]
+
+    def take(self, number: int) -> Any:
+        """The result of job `number` (after `wait(number + 1)`), which the prefetcher no longer holds."""
+        with self._condition:
+            return self._results.pop(number, None)
+
+    def close(self) -> None:
+        """Stop the thread: at once if it is waiting, else after the job in progress."""
+        with self._condition:
+            self._stopping = True
+            self._condition.notify_all()
+        self._thread.join()
 
 
 class ShardSchedule(NamedTuple):
@@ -40,48 +105,17 @@ class ShardPrefetcher:
     def __init__(self, schedule: ShardSchedule, fetch: Callable[[int], None], release: Callable[[int], None]) -> None:
         used = np.flatnonzero(schedule.first_batch >= 0)
         by_first_use = used[np.lexsort((used, schedule.first_batch[used]))]
-        self._order: list[int] = by_first_use.tolist()
         self._first_batches: list[int] = schedule.first_batch[by_first_use].tolist()
         self._releases: dict[int, list[int]] = {}
         for position in used.tolist():
             self._releases.setdefault(int(schedule.last_batch[position]), []).append(position)
-        self._fetch = fetch
         self._release = release
-        self._condition = threading.Condition()
-        self._started = 0  # shards of `_order` that the stream's batches so far have needed
-        self._fetched = 0  # shards of `_order` fetched, all of them in that order
-        self._error: BaseException | None = None
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="varstore-shard-prefetch", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        for number, position in enumerate(self._order):
-            with self._condition:
-                self._condition.wait_for(lambda: self._stopping or number < self._started + SHARDS_AHEAD)
-                if self._stopping:
-                    return
-            try:
-                self._fetch(position)
-            except BaseException as error:  # handed to the stream, which raises it
-                with self._condition:
-                    self._error = error
-                    self._condition.notify_all()
-                return
-            with self._condition:
-                self._fetched = number + 1
-                self._condition.notify_all()
+        jobs = [lambda position=position: fetch(position) for position in by_first_use.tolist()]
+        self._prefetcher = Prefetcher(jobs, SHARDS_AHEAD)
 
     def before_batch(self, batch: int) -> None:
         """Wait until every shard batch `batch` reads is fetched; raise the error a failed fetch of one of them raised."""
-        needed = bisect.bisect_right(self._first_batches, batch)
-        with self._condition:
-            if needed > self._started:
-                self._started = needed
-                self._condition.notify_all()
-            self._condition.wait_for(lambda: self._fetched >= needed or self._error is not None)
-            if self._fetched < needed:
-                raise self._error  # type: ignore[misc]
+        self._prefetcher.wait(bisect.bisect_right(self._first_batches, batch))
 
     def after_batch(self, batch: int) -> None:
         """Release the shards whose last batch is `batch`."""
@@ -90,7 +124,4 @@ class ShardPrefetcher:
 
     def close(self) -> None:
         """Stop the thread: at once if it is waiting, else after the fetch in progress."""
-        with self._condition:
-            self._stopping = True
-            self._condition.notify_all()
-        self._thread.join()
+        self._prefetcher.close()

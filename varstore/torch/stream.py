@@ -24,29 +24,40 @@ from __future__ import annotations
 import logging
 import math
 import os
-from typing import Any, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
 
-from ..errors import VarstoreError
+from ..errors import CorruptRecordError, VarstoreError
+from ..reader import FlatBatch
 from ..sharded_reader import ShardedReader
 from .datasets import DamagedPolicy, Output, RecordDataset
 from .distributed import rank_and_world_size
 from .permutation import Permutation, derive_key
-from .prefetch import ShardPrefetcher, ShardSchedule
+from .prefetch import Prefetcher, ShardPrefetcher, ShardSchedule
 from .reading import AnyReader, is_remote
 from .resume import as_int, check_resume_state
 
 _BLOCKS_PURPOSE = 2
 _WINDOW_PURPOSE = 3
+# Ranged reads of one window's blocks in flight at once (a shuffled remote stream).
+_BLOCK_READS_AT_ONCE = 16
 
 logger = logging.getLogger("varstore.torch")
 
 
-def _contiguous_runs(records: np.ndarray) -> list[tuple[int, int]]:
-    """Sorted distinct `records` as maximal [start, stop) ranges of consecutive indices."""
-    breaks = np.flatnonzero(np.diff(records) != 1) + 1
+def _contiguous_runs(records: np.ndarray, *groups: np.ndarray) -> list[tuple[int, int]]:
+    """Sorted distinct `records` as maximal [start, stop) ranges of consecutive indices, each within one
+    value of every array of `groups` (one value per record: a block number, a shard position)."""
+    if not len(records):
+        return []
+    cut = np.diff(records) != 1
+    for group in groups:
+        cut |= np.diff(group) != 0
+    breaks = np.flatnonzero(cut) + 1
     starts = records[np.concatenate(([0], breaks))]
     stops = records[np.concatenate((breaks - 1, [len(records) - 1]))] + 1
     return list(zip(starts.tolist(), stops.tolist()))
@@ -109,7 +120,92 @@ class _EpochOrder:
 
 
 def _no_prefetch(start: int, stop: int) -> None:
-    """A remote dataset's records are brought by `ShardPrefetcher`, whole shards at a time."""
+    """A remote dataset's records are brought by a `Prefetcher`: whole shards, or a window's blocks."""
+
+
+class _WindowRecords:
+    """The records of one shuffle window that one worker reads, fetched by ranged reads: their sorted
+    indices and, in that order, the records (with flat batches: each record's values)."""
+
+    def __init__(self, indices: np.ndarray, items: list[Any]) -> None:
+        self.indices = indices
+        self.items = items
+
+    def positions(self, records: np.ndarray) -> np.ndarray:
+        """Where each of `records` is in `items`, or -1 for one this window does not hold."""
+        positions = np.searchsorted(self.indices, records)
+        found = positions < len(self.indices)
+        found[found] = self.indices[positions[found]] == records[found]
+        return np.where(found, positions, -1)
+
+
+class _HeldRecords:
+    """The records of the windows a batch spans, served through the reader calls `RecordDataset` makes."""
+
+    def __init__(self, path: str, count: int, windows: list[_WindowRecords]) -> None:
+        self.path = path
+        self._count = count
+        self._windows = windows
+
+    def __len__(self) -> int:
+        return self._count
+
+    def holds(self, records: np.ndarray) -> bool:
+        """Whether every one of `records` was fetched (``on_damaged="skip"`` leaves damaged blocks out)."""
+        return bool(sum(int(np.count_nonzero(window.positions(records) >= 0)) for window in self._windows) == len(records))
+
+    def get_batch(self, indices: Sequence[int] | np.ndarray) -> list[Any]:
+        """The records at `indices`, in that order."""
+        indices = np.asarray(indices, np.int64)
+        items: list[Any] = [None] * len(indices)
+        for window in self._windows:
+            positions = window.positions(indices)
+            for slot in np.flatnonzero(positions >= 0).tolist():
+                items[slot] = window.items[positions[slot]]
+        return items
+
+    def get_batch_flat(self, indices: Sequence[int] | np.ndarray) -> FlatBatch:
+        """The records at `indices` packed into one buffer plus offsets, as `Reader.get_batch_flat`."""
+        values = self.get_batch(indices)
+        offsets = np.zeros(len(values) + 1, np.int64)
+        np.cumsum([len(value) for value in values], out=offsets[1:])
+        return FlatBatch(np.concatenate(values), offsets)
+
+
+class _SamplesFrom(RecordDataset):
+    """`dataset`, reading its records from `reader` (prefetched windows) instead of its own reader: the same
+    samples, transforms, outputs and flat batches."""
+
+    def __init__(self, dataset: RecordDataset, reader: _HeldRecords) -> None:  # not RecordDataset's: it opens the data
+        self.__dict__.update(dataset.__dict__)
+        self._held = reader
+
+    @property
+    def reader(self) -> Any:
+        return self._held
+
+
+class _WindowPrefetch:
+    """A worker's records of each shuffle window it reads, in memory: a `Prefetcher` fetches the next window
+    while the batches read the current one, and a window is dropped once the batches have passed it."""
+
+    def __init__(self, windows: list[int], fetch: Callable[[int], _WindowRecords]) -> None:
+        self._jobs = {window: number for number, window in enumerate(windows)}
+        self._held: dict[int, _WindowRecords] = {}
+        self._prefetcher = Prefetcher([partial(fetch, window) for window in windows], ahead=1)
+
+    def holding(self, first: int, last: int) -> list[_WindowRecords]:
+        """Windows `first` to `last` (waiting for them; raising a failed fetch's error); earlier ones are dropped."""
+        for window in [window for window in self._held if window < first]:
+            del self._held[window]
+        for window in range(first, last + 1):
+            if window not in self._held:
+                self._prefetcher.wait(self._jobs[window] + 1)
+                self._held[window] = self._prefetcher.take(self._jobs[window])
+        return [self._held[window] for window in range(first, last + 1)]
+
+    def close(self) -> None:
+        self._prefetcher.close()
 
 
 def stacked(batch: list[Any]) -> Any:
@@ -230,21 +326,92 @@ class RecordStream(IterableDataset):
         if worker is not None:
             self._warn_if_repeated()
         reader = self._dataset.reader
-        prefetcher = self._shard_prefetcher(reader, worker_id, workers) if is_remote(reader) else None
-        order = _EpochOrder(self, reader.prefetch if prefetcher is None else _no_prefetch)
+        remote = is_remote(reader)
+        order = _EpochOrder(self, _no_prefetch if remote else reader.prefetch)
+        batch_starts = range(self._start + worker_id * self.batch_size, order.count, workers * self.batch_size)
+        shards = self._shard_prefetcher(reader, worker_id, workers) if remote and not self.shuffle else None
+        windows = self._window_prefetch(reader, batch_starts, worker_id, workers) if remote and self.shuffle else None
         try:
-            batch_starts = range(self._start + worker_id * self.batch_size, order.count, workers * self.batch_size)
             for number, batch_start in enumerate(batch_starts):
-                if prefetcher is not None:
-                    prefetcher.before_batch(number)
-                records = order.records(batch_start, min(batch_start + self.batch_size, order.count))
-                samples = self._dataset.__getitems__(records)
-                if prefetcher is not None:
-                    prefetcher.after_batch(number)
+                batch_stop = min(batch_start + self.batch_size, order.count)
+                if shards is not None:
+                    shards.before_batch(number)
+                records = order.records(batch_start, batch_stop)
+                if windows is None:
+                    samples = self._dataset.__getitems__(records)
+                else:
+                    held = windows.holding(batch_start // self.shuffle_window, (batch_stop - 1) // self.shuffle_window)
+                    samples = self._samples_from(_HeldRecords(self.path, self.record_count, held), records)
+                if shards is not None:
+                    shards.after_batch(number)
                 yield self.collate_fn(samples)
         finally:
-            if prefetcher is not None:
-                prefetcher.close()
+            for prefetcher in (shards, windows):
+                if prefetcher is not None:
+                    prefetcher.close()
+
+    def _samples_from(self, held: _HeldRecords, records: np.ndarray) -> Any:
+        """The batch's samples from the prefetched windows; a batch with records the fetch left out as damaged
+        (``on_damaged="skip"``) is read by the dataset instead, which skips and counts them."""
+        if not held.holds(records):
+            return self._dataset.__getitems__(records)
+        return _SamplesFrom(self._dataset, held).__getitems__(records)
+
+    def _window_prefetch(self, reader: AnyReader, batch_starts: range, worker_id: int, workers: int) -> _WindowPrefetch:
+        """A thread that reads this worker's records of each window it reads, one window ahead."""
+        starts = np.asarray(batch_starts, np.int64)
+        stops = np.minimum(starts + self.batch_size, self.rank_record_count)
+        count = math.ceil(self.rank_record_count / self.shuffle_window)
+        spans = np.zeros(count + 1, np.int64)  # +1 at a batch's first window, -1 after its last
+        np.add.at(spans, starts // self.shuffle_window, 1)
+        np.add.at(spans, (stops - 1) // self.shuffle_window + 1, -1)
+        windows = np.flatnonzero(np.cumsum(spans[:count]) > 0).tolist()
+        order = _EpochOrder(self, _no_prefetch)  # the thread's own: the batches' order holds other windows
+        return _WindowPrefetch(windows, partial(self._fetch_window, reader, order, worker_id, workers))
+
+    def _fetch_window(self, reader: AnyReader, order: _EpochOrder, worker_id: int, workers: int, window: int) -> _WindowRecords:
+        """This worker's records of `window`, each run of them within one block and one shard read as one
+        ranged request, all runs at once (`_BLOCK_READS_AT_ONCE`), each record checked against its CRC32C."""
+        records, _ = self._worker_part(order, window, worker_id, workers)
+        records = np.sort(records)
+        if isinstance(reader, ShardedReader):
+            shard_starts, shard = reader.shard_starts, reader.shard
+        else:
+            shard_starts, shard = np.array([0, len(reader)], np.int64), lambda _: reader
+        shard_of = np.searchsorted(shard_starts, records, side="right") - 1
+        runs = _contiguous_runs(records, records // self.block_size, shard_of)
+        skipping = self._dataset.on_damaged == "skip"
+
+        def read_run(run: tuple[int, int]) -> tuple[np.ndarray, list[Any]]:
+            start, stop = run
+            position = int(np.searchsorted(shard_starts, start, side="right")) - 1
+            if skipping and isinstance(reader, ShardedReader) and not reader._shard_usable(position):
+                return np.zeros(0, np.int64), []  # a quarantined shard: the dataset skips its records
+            local = np.arange(start, stop, dtype=np.int64) - int(shard_starts[position])
+            try:
+                if self._dataset.flat_batches:
+                    values, offsets = shard(position).get_batch_flat(local)
+                    bounds = offsets.tolist()
+                    return np.arange(start, stop, dtype=np.int64), [values[a:b] for a, b in zip(bounds, bounds[1:])]
+                return np.arange(start, stop, dtype=np.int64), shard(position).get_batch(local)
+            except CorruptRecordError:
+                if not skipping:
+                    raise
+                return np.zeros(0, np.int64), []  # the dataset reads this batch itself, skipping the damaged records
+
+        with ThreadPoolExecutor(max(1, min(_BLOCK_READS_AT_ONCE, len(runs))), thread_name_prefix="varstore-block-read") as pool:
+            fetched = list(pool.map(read_run, runs))
+        indices = np.concatenate([run_indices for run_indices, _ in fetched]) if fetched else np.zeros(0, np.int64)
+        return _WindowRecords(indices, [item for _, items in fetched for item in items])
+
+    def _worker_part(self, order: _EpochOrder, window: int, worker_id: int, workers: int) -> tuple[np.ndarray, np.ndarray]:
+        """The records of `window` that this worker's batches read (after a resume's start), and the number of
+        the batch, in this worker's sequence, that reads each."""
+        records = order.window(window)
+        positions = np.arange(window * self.shuffle_window, window * self.shuffle_window + len(records))
+        batches = (positions - self._start) // self.batch_size
+        mine = (positions >= self._start) & (batches % workers == worker_id)
+        return records[mine], batches[mine] // workers
 
     def _shard_prefetcher(self, reader: AnyReader, worker_id: int, workers: int) -> ShardPrefetcher:
         """The thread that fetches this worker's shards of a remote dataset whole, in the order its batches
@@ -268,12 +435,8 @@ class RecordStream(IterableDataset):
         first, last = np.full(shards, -1, np.int64), np.full(shards, -1, np.int64)
         order = _EpochOrder(self, _no_prefetch)
         for window in range(self._start // self.shuffle_window, math.ceil(order.count / self.shuffle_window)):
-            records = order.window(window)
-            positions = np.arange(window * self.shuffle_window, window * self.shuffle_window + len(records))
-            batches = (positions - self._start) // self.batch_size
-            mine = (positions >= self._start) & (batches % workers == worker_id)
-            batches = batches[mine] // workers  # numbered in this worker's sequence: nondecreasing
-            shard = np.searchsorted(shard_starts, records[mine], side="right") - 1
+            records, batches = self._worker_part(order, window, worker_id, workers)  # batches: nondecreasing
+            shard = np.searchsorted(shard_starts, records, side="right") - 1
             touched, first_seen = np.unique(shard, return_index=True)
             unset = first[touched] < 0
             first[touched[unset]] = batches[first_seen[unset]]
