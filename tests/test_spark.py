@@ -42,6 +42,8 @@ def spark(s3_server: Any) -> Iterator[Any]:
     from pyspark.sql import SparkSession
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
+    root = str(Path(__file__).resolve().parent.parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))  # for the daemon module
     session = (
         SparkSession.builder.master("local[2,3]")  # local[N,F]: F attempts per task (spark.task.maxFailures is ignored in local mode)
         .appName("varstore-tests")
@@ -50,6 +52,7 @@ def spark(s3_server: Any) -> Iterator[Any]:
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.sql.adaptive.coalescePartitions.enabled", "false")  # else a small sort lands in one partition
         .config("spark.driver.memory", "1g")
+        .config("spark.python.daemon.module", "tests.helpers_spark_daemon")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("FATAL")  # failed attempts are planned here; their stack traces are noise
@@ -145,7 +148,8 @@ def fail_first_attempt(marker: Path, *, kill: bool) -> Any:
     def record(row: dict[str, Any]) -> bytes:
         context = TaskContext.get()
         if context.partitionId() == 1 and context.attemptNumber() == 0 and row["id"] >= RECORD_COUNT // 2:
-            marker.write_text(str(len(os.listdir(marker.parent / "spark"))))  # how many files the attempt left
+            published = [name for name in os.listdir(marker.parent / "spark") if name.endswith(".index")]
+            marker.write_text(str(len(published)))  # the shards this attempt published before failing
             if kill:
                 os._exit(17)  # no abort, no cleanup: commit_parts must remove what this attempt published
             raise PlantedFailure("first attempt of partition 1")
