@@ -25,7 +25,7 @@ from varstore.errors import MissingFileError  # noqa: E402
 from varstore.locking import directory_lock_path, lock_waiting  # noqa: E402
 from varstore.remote.filesystems import open_filesystem  # noqa: E402
 from varstore.torch import RecordDataset, RecordStream, TokenWindowDataset  # noqa: E402
-from varstore.torch.prefetch import SHARDS_AHEAD  # noqa: E402
+from varstore.torch.prefetch import SHARDS_AHEAD, Prefetcher  # noqa: E402
 
 SHARD_RECORDS = 40
 SHARDS = 6
@@ -35,6 +35,10 @@ JOIN_SECONDS = 120
 
 def _record(index: int) -> bytes:
     return (f"record {index};" * (index % 7 + 1)).encode()
+
+
+def _record_index(record: bytes) -> int:
+    return int(record.split(b";")[0].removeprefix(b"record "))
 
 
 def _tokens(index: int) -> np.ndarray:
@@ -75,6 +79,11 @@ def _data_keys(bucket: str, dataset: str) -> list[str]:
 
 def _whole_gets(s3_server: Any, bucket: str, key: str) -> int:
     return sum(request.range is None for request in s3_server.requests(bucket, method="GET", key=key))
+
+
+def _range_length(header: str) -> int:
+    first, last = header.removeprefix("bytes=").split("-")
+    return int(last) - int(first) + 1
 
 
 # -- the same samples as a local copy ----------------------------------------------------------------
@@ -295,6 +304,110 @@ def test_a_streaming_epoch_under_a_cache_limit_smaller_than_the_data(s3_server: 
         assert len(requests) <= 1 + 2, key  # besides the download, only the open's reads of its first and last 4 KiB
 
 
+def _block_reads(records: list[int], first_position: int, shuffle_window: int, block_size: int) -> dict[tuple[int, int, int], list[int]]:
+    """The ranged reads a shuffled stream makes for `records`, the rank's order from position `first_position`
+    on, records of a few bytes: one per (window, block, shard) the records touch, of the records it reads."""
+    reads: dict[tuple[int, int, int], list[int]] = {}
+    for position, record in enumerate(records, start=first_position):
+        reads.setdefault((position // shuffle_window, record // block_size, record // SHARD_RECORDS), []).append(record)
+    return reads
+
+
+def _span_bytes(records: list[int]) -> int:
+    """Bytes from the first to the last of `records` (of one shard) in its data file."""
+    return sum(len(_record(index)) for index in range(min(records), max(records) + 1))
+
+
+@pytest.mark.parametrize(
+    "settings, resume_after",
+    [
+        ({"block_size": 8, "shuffle_window": 64}, 0),  # blocks within shards and windows: one read per block
+        ({"block_size": 12, "shuffle_window": 50, "rank": 1, "world_size": 2}, 2),  # blocks straddle both
+    ],
+)
+def test_a_shuffled_remote_epoch_reads_each_block_with_one_ranged_get_and_each_byte_once(
+    s3_server: Any, tmp_path: Any, settings: dict[str, int], resume_after: int
+) -> None:
+    bucket = s3_server.new_bucket()
+    url = f"s3://{bucket}/data"
+    _write_bytes(url, storage_options=s3_server.storage_options)
+    _write_bytes(str(tmp_path / "local"))
+    settings = {**settings, "batch_size": 10, "seed": 4, "collate_fn": list}
+    local = RecordStream(str(tmp_path / "local"), **settings)
+    stream = RecordStream(url, storage_options=s3_server.storage_options, cache_dir=str(tmp_path / "cache"), **settings)
+    if resume_after:
+        state = local.state_dict(samples_consumed=resume_after * local.batch_size)
+        local.load_state_dict(state)
+        stream.load_state_dict(state)
+    expected = [bytes(sample.numpy()) for batch in local for sample in batch]
+    reader = stream._dataset.reader
+    for position in range(SHARDS):
+        reader.shard(position)  # open every shard first (index, data edges): what follows is the records' reads
+    keys = _data_keys(bucket, "data")
+    before = {key: len(s3_server.requests(bucket, method="GET", key=key)) for key in keys}
+
+    assert [bytes(sample.numpy()) for batch in stream for sample in batch] == expected
+    reads = [request for key in keys for request in s3_server.requests(bucket, method="GET", key=key)[before[key]:]]
+    assert all(request.range is not None for request in reads)  # no data object is downloaded whole
+    records = [_record_index(record) for record in expected]
+    expected_reads = _block_reads(records, resume_after * local.batch_size, settings["shuffle_window"], settings["block_size"])
+    assert len(reads) == len(expected_reads)
+    assert sorted(_range_length(request.range) for request in reads) == sorted(map(_span_bytes, expected_reads.values()))
+    if not resume_after:  # every record of every block, once
+        assert len(reads) == SHARDS * SHARD_RECORDS // 8
+        assert sum(_range_length(request.range) for request in reads) == sum(len(record) for record in expected)
+
+    # The rank's part unshuffled: each data object it reads whole, once (one GET; opening reads its edges).
+    in_order = RecordStream(url, storage_options=s3_server.storage_options, cache_dir=str(tmp_path / "cache-in-order"), **{**settings, "shuffle": False})
+    first = in_order.rank * in_order.record_count // in_order.world_size
+    read = {record // SHARD_RECORDS for record in range(first, first + in_order.rank_record_count)}
+    assert sum(len(batch) for batch in in_order) == in_order.rank_record_count
+    assert {key: _whole_gets(s3_server, bucket, key) for key in keys} == {key: int(position in read) for position, key in enumerate(keys)}
+
+
+def test_the_prefetch_thread_runs_at_most_ahead_jobs_beyond_those_asked_for() -> None:
+    started = [threading.Event() for _ in range(4)]
+
+    def job(number: int) -> int:
+        started[number].set()
+        return number
+
+    prefetcher = Prefetcher([lambda number=number: job(number) for number in range(4)], ahead=1)
+    try:
+        prefetcher.wait(1)
+        assert prefetcher.take(0) == 0
+        assert started[1].wait(JOIN_SECONDS)  # the next job runs while job 0's result is in use ...
+        assert not started[2].wait(0.3)  # ... and no further one until it is asked for
+        prefetcher.wait(2)
+        assert prefetcher.take(1) == 1
+        assert started[2].wait(JOIN_SECONDS)
+        assert not started[3].wait(0.3)
+    finally:
+        prefetcher.close()
+    assert not _prefetch_threads()
+
+
+def test_a_failed_window_read_is_raised_by_the_first_batch_of_that_window(tmp_path: Any) -> None:
+    url = "memory://torch-window-error/data"
+    _write_bytes(url)
+    _write_bytes(str(tmp_path / "local"))
+    settings = {"batch_size": 8, "block_size": 8, "shuffle_window": 32, "seed": 6, "collate_fn": list}
+    expected = [[bytes(sample.numpy()) for sample in batch] for batch in RecordStream(str(tmp_path / "local"), **settings)]
+    records = [_record_index(record) for batch in expected for record in batch]
+    damaged_window = min(position // 32 for position, record in enumerate(records) if record // SHARD_RECORDS == 3)
+    stream = RecordStream(url, cache_dir=str(tmp_path / "cache"), **settings)
+    shard_name = stream._dataset.reader.manifest.shards[3].name
+    open_filesystem(url)[0].rm(f"/torch-window-error/data/{shard_name}.data")
+    batches = iter(stream)
+    for number in range(damaged_window * 32 // 8):
+        assert [bytes(sample.numpy()) for sample in next(batches)] == expected[number]
+    with pytest.raises(MissingFileError) as raised:
+        next(batches)
+    assert raised.value.path.endswith(f"{shard_name}.data")
+    assert any(frame.name == "_run" for frame in __import__("traceback").extract_tb(raised.value.__traceback__))
+    assert not _prefetch_threads()
+
+
 def test_a_failed_prefetch_is_raised_by_the_batch_that_needs_the_shard(tmp_path: Any) -> None:
     url = "memory://torch-prefetch-error/data"
     _write_bytes(url)
@@ -312,10 +425,12 @@ def test_a_failed_prefetch_is_raised_by_the_batch_that_needs_the_shard(tmp_path:
     assert not _prefetch_threads()
 
 
-def test_closing_or_dropping_the_iterator_stops_the_prefetch_thread(tmp_path: Any) -> None:
-    url = "memory://torch-prefetch-stop/data"
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_closing_or_dropping_the_iterator_stops_the_prefetch_thread(tmp_path: Any, shuffle: bool) -> None:
+    url = f"memory://torch-prefetch-stop-{shuffle}/data"
     _write_bytes(url)
-    stream = RecordStream(url, batch_size=8, shuffle=False, collate_fn=list, cache_dir=str(tmp_path / "cache"))
+    settings = {"block_size": 8, "shuffle_window": 32}
+    stream = RecordStream(url, batch_size=8, shuffle=shuffle, collate_fn=list, cache_dir=str(tmp_path / "cache"), **settings)
     batches = iter(stream)
     next(batches)
     assert len(_prefetch_threads()) == 1

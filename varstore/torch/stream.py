@@ -49,15 +49,9 @@ _BLOCK_READS_AT_ONCE = 16
 logger = logging.getLogger("varstore.torch")
 
 
-def _contiguous_runs(records: np.ndarray, *groups: np.ndarray) -> list[tuple[int, int]]:
-    """Sorted distinct `records` as maximal [start, stop) ranges of consecutive indices, each within one
-    value of every array of `groups` (one value per record: a block number, a shard position)."""
-    if not len(records):
-        return []
-    cut = np.diff(records) != 1
-    for group in groups:
-        cut |= np.diff(group) != 0
-    breaks = np.flatnonzero(cut) + 1
+def _contiguous_runs(records: np.ndarray) -> list[tuple[int, int]]:
+    """Sorted distinct `records` as maximal [start, stop) ranges of consecutive indices."""
+    breaks = np.flatnonzero(np.diff(records) != 1) + 1
     starts = records[np.concatenate(([0], breaks))]
     stops = records[np.concatenate((breaks - 1, [len(records) - 1]))] + 1
     return list(zip(starts.tolist(), stops.tolist()))
@@ -370,8 +364,10 @@ class RecordStream(IterableDataset):
         return _WindowPrefetch(windows, partial(self._fetch_window, reader, order, worker_id, workers))
 
     def _fetch_window(self, reader: AnyReader, order: _EpochOrder, worker_id: int, workers: int, window: int) -> _WindowRecords:
-        """This worker's records of `window`, each run of them within one block and one shard read as one
-        ranged request, all runs at once (`_BLOCK_READS_AT_ONCE`), each record checked against its CRC32C."""
+        """This worker's records of `window`: those of each block (or part of a block in one shard) read with
+        one `get_batch`, whose ranges merge into one request unless records of other workers' batches between
+        them span more than 64 KiB; the blocks read at once (`_BLOCK_READS_AT_ONCE`), each record checked
+        against its CRC32C."""
         records, _ = self._worker_part(order, window, worker_id, workers)
         records = np.sort(records)
         if isinstance(reader, ShardedReader):
@@ -379,28 +375,28 @@ class RecordStream(IterableDataset):
         else:
             shard_starts, shard = np.array([0, len(reader)], np.int64), lambda _: reader
         shard_of = np.searchsorted(shard_starts, records, side="right") - 1
-        runs = _contiguous_runs(records, records // self.block_size, shard_of)
+        cuts = np.flatnonzero((np.diff(records // self.block_size) != 0) | (np.diff(shard_of) != 0)) + 1
+        pieces = np.split(records, cuts) if len(records) else []
         skipping = self._dataset.on_damaged == "skip"
 
-        def read_run(run: tuple[int, int]) -> tuple[np.ndarray, list[Any]]:
-            start, stop = run
-            position = int(np.searchsorted(shard_starts, start, side="right")) - 1
+        def read_piece(piece: np.ndarray) -> tuple[np.ndarray, list[Any]]:
+            position = int(np.searchsorted(shard_starts, piece[0], side="right")) - 1
             if skipping and isinstance(reader, ShardedReader) and not reader._shard_usable(position):
-                return np.zeros(0, np.int64), []  # a quarantined shard: the dataset skips its records
-            local = np.arange(start, stop, dtype=np.int64) - int(shard_starts[position])
+                return piece[:0], []  # a quarantined shard: the dataset skips its records
+            local = piece - shard_starts[position]
             try:
                 if self._dataset.flat_batches:
                     values, offsets = shard(position).get_batch_flat(local)
                     bounds = offsets.tolist()
-                    return np.arange(start, stop, dtype=np.int64), [values[a:b] for a, b in zip(bounds, bounds[1:])]
-                return np.arange(start, stop, dtype=np.int64), shard(position).get_batch(local)
+                    return piece, [values[start:end] for start, end in zip(bounds, bounds[1:])]
+                return piece, shard(position).get_batch(local)
             except CorruptRecordError:
                 if not skipping:
                     raise
-                return np.zeros(0, np.int64), []  # the dataset reads this batch itself, skipping the damaged records
+                return piece[:0], []  # the dataset reads this batch itself, skipping the damaged records
 
-        with ThreadPoolExecutor(max(1, min(_BLOCK_READS_AT_ONCE, len(runs))), thread_name_prefix="varstore-block-read") as pool:
-            fetched = list(pool.map(read_run, runs))
+        with ThreadPoolExecutor(max(1, min(_BLOCK_READS_AT_ONCE, len(pieces))), thread_name_prefix="varstore-block-read") as pool:
+            fetched = list(pool.map(read_piece, pieces))
         indices = np.concatenate([run_indices for run_indices, _ in fetched]) if fetched else np.zeros(0, np.int64)
         return _WindowRecords(indices, [item for _, items in fetched for item in items])
 
