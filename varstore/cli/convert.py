@@ -11,24 +11,14 @@ from typing import Any, ContextManager
 import varstore
 
 from ..remote.filesystems import is_url
+from .. import conversion  # a module: varstore.conversion imports this package
+from ..storage import make_directories
 from .arguments import add_quiet_option, byte_size, json_object, positive_int
 from .destination import add_allow_other_files_option, check_destination, removed_if_created_and_failed
 from .errors import CommandError, UsageError
-from .output import format_size, listing, plural, progress_bar
-from .sources import DEFAULT_MAX_RECORD_BYTES, FolderSource, JsonLinesSource, NpySource, ParquetSource, Source, TextSource, TokenSource
+from .output import format_size, plural, progress_bar
+from .sources import FORMAT_OPTIONS, SOURCE_OPTIONS, FolderSource, Source, open_source, source_format
 from .stores import REMOTE_EPILOG, add_location_options, check_location_options, open_store
-
-_FORMAT_BY_SUFFIX = {".npy": "npy", ".bin": "tokens", ".jsonl": "jsonl", ".ndjson": "jsonl", ".txt": "text", ".parquet": "parquet"}
-# The options each source format reads; any other source option given is a usage error, never silently ignored.
-_FORMAT_OPTIONS = {
-    "npy": {"offsets"},
-    "tokens": {"dtype", "separator", "drop_separator"},
-    "jsonl": {"field", "skip_null", "codec", "max_record_bytes"},
-    "text": {"codec", "max_record_bytes"},
-    "folder": {"labels", "max_record_bytes"},
-    "parquet": {"field", "skip_null", "codec"},
-}
-_SOURCE_OPTIONS = ("offsets", "dtype", "separator", "drop_separator", "field", "skip_null", "codec", "labels", "max_record_bytes")
 
 _EPILOG = """sources (the format is told by the name, or by --format):
   DIR/             folder: one msgpack record {"name": relative path, "data": bytes} per file, sorted by path;
@@ -60,7 +50,8 @@ limits:
   An .npy array or Parquet file whose header claims more records than the file
   has bytes (e.g. an .npy of shape (2**40, 0): rows of no bytes) is refused
   before anything is written.
-  DST is locked for one writer: a second convert or merge into it is refused.
+  DST is locked for one writer: a second convert or merge into it is refused
+  (with --workers, DST is checked when the dataset is committed, at the end).
   DST must be new, empty or a dataset (replaced only with --overwrite): a folder
   holding other files is refused unless --allow-other-files.
   A failed convert removes what it wrote, and DST itself if it created it.
@@ -68,11 +59,21 @@ limits:
   a staging directory on this machine and each is uploaded once committed; the
   manifest is uploaded last, so a reader never finds a partial dataset.
 
+workers:
+  --workers N cuts SRC into N contiguous parts (a folder's files, byte ranges of
+  JSON Lines, text and token files cut at line or document boundaries, rows of
+  an .npy array, row groups of a Parquet file), converts each in a worker process
+  and commits the parts in order: the records, and their order, are those of
+  --workers 1; each part begins its own shards. A failing worker fails convert
+  with its error and removes every shard written; a killed convert leaves no
+  manifest (the part-* shards its workers wrote stay in DST, listed by none).
+
 examples:
   varstore convert train.bin train/ --dtype uint16 --separator 50256
   varstore convert docs.jsonl docs/ --field text --max-shard-bytes 512M
   varstore convert photos/ images/ --labels
   varstore convert docs.jsonl s3://bucket/docs --field text
+  varstore convert docs.jsonl docs/ --field text --workers 8
 
 """ + REMOTE_EPILOG
 
@@ -88,7 +89,7 @@ def add_parser(commands: Any) -> None:
     )
     parser.add_argument("source", metavar="SRC", help="the file or folder to read")
     parser.add_argument("destination", metavar="DST", help="the dataset directory to write, or a URL of object storage")
-    parser.add_argument("--format", choices=sorted(_FORMAT_OPTIONS), help="the source format, when its name does not tell")
+    parser.add_argument("--format", choices=sorted(FORMAT_OPTIONS), help="the source format, when its name does not tell")
     parser.add_argument("--offsets", metavar="FILE.npy",
                         help="npy: N + 1 row boundaries; record k is rows offsets[k] to offsets[k + 1]")
     parser.add_argument("--dtype", help="tokens: the integer type of the token ids, e.g. uint16")
@@ -114,21 +115,12 @@ def add_parser(commands: Any) -> None:
                         help="jsonl, text, folder: refuse a line or file longer than SIZE (default 64M)")
     parser.add_argument("--metadata", type=json_object, metavar="JSON", help="user metadata, a JSON object")
     parser.add_argument("--overwrite", action="store_true", help="replace a dataset already at DST")
+    parser.add_argument("--workers", type=positive_int, default=1, metavar="N",
+                        help="convert N parts of SRC in N processes (default 1); the records are the same, in the same order")
     add_allow_other_files_option(parser)
     add_quiet_option(parser)
     add_location_options(parser, cache=False)
     parser.set_defaults(run=run)
-
-
-def _source_format(args: argparse.Namespace) -> str:
-    if args.format is not None:
-        return args.format
-    if os.path.isdir(args.source):
-        return "folder"
-    suffix = os.path.splitext(args.source)[1].lower()
-    if suffix not in _FORMAT_BY_SUFFIX:
-        raise UsageError(f"cannot tell the format of {args.source} from its name; pass --format ({', '.join(sorted(_FORMAT_OPTIONS))})")
-    return _FORMAT_BY_SUFFIX[suffix]
 
 
 def _check_destination_outside(destination: str, folder: str, role: str) -> None:
@@ -142,44 +134,32 @@ def _check_destination_outside(destination: str, folder: str, role: str) -> None
                          "write the dataset outside the folders it reads")
 
 
-def _open_source(args: argparse.Namespace) -> Source:
-    """The source the arguments describe, with every option checked against its format."""
+def _source_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The source options given (plain values, which a worker process opens the source with)."""
+    return {option: getattr(args, option) for option in SOURCE_OPTIONS if getattr(args, option) is not None}
+
+
+def _open_source(args: argparse.Namespace) -> tuple[Source, str]:
+    """The source the arguments describe, with every option checked against its format, and its format."""
     if not os.path.exists(args.source):
         raise CommandError(f"{args.source}: no such file or folder")
-    kind = _source_format(args)
-    for option in _SOURCE_OPTIONS:
-        if getattr(args, option) is not None and option not in _FORMAT_OPTIONS[kind]:
-            raise UsageError(f"--{option.replace('_', '-')} does not apply to {kind} sources")
-    if (kind == "folder") != os.path.isdir(args.source):
-        raise UsageError(f"{args.source}: the {kind} format needs {'a folder' if kind == 'folder' else 'a file'}")
-    if kind == "folder":
+    kind = source_format(args.source, args.format)
+    if kind == "folder" and os.path.isdir(args.source):
         _check_destination_outside(args.destination, args.source, "the source folder")
-    if kind == "npy":
-        return NpySource(args.source, args.offsets)
-    if kind == "tokens":
-        if args.dtype is None or args.separator is None:
-            raise UsageError("a token file needs --dtype (e.g. uint16) and --separator (the end-of-document token id)")
-        return TokenSource(args.source, args.dtype, args.separator, drop_separator=bool(args.drop_separator))
-    max_record_bytes = args.max_record_bytes or DEFAULT_MAX_RECORD_BYTES
-    if kind == "jsonl":
-        return JsonLinesSource(args.source, args.field, args.codec, max_record_bytes, skip_null=bool(args.skip_null))
-    if kind == "text":
-        return TextSource(args.source, args.codec, max_record_bytes)
-    if kind == "parquet":
-        return ParquetSource(args.source, args.field, args.codec, skip_null=bool(args.skip_null))
-    source = FolderSource(args.source, max_record_bytes, labels=bool(args.labels))
-    for class_folder in source.class_folders:  # a linked one may lead anywhere, DST included
-        _check_destination_outside(args.destination, class_folder, "the class folder")
-    return source
+    source = open_source(args.source, kind, _source_options(args))
+    if isinstance(source, FolderSource):
+        for class_folder in source.class_folders:  # a linked one may lead anywhere, DST included
+            _check_destination_outside(args.destination, class_folder, "the class folder")
+    return source, kind
+
+
+_EXISTING_DATASET = "a dataset, or the shards of an interrupted writer, is already there; pass --overwrite to replace it"
 
 
 def _dataset_writer(args: argparse.Namespace, source: Source) -> varstore.ShardedWriter:
     """The writer of DST; its refusal to replace what is there is worded for the command line (convert
     always starts again: it has no resume)."""
-    metadata = {**source.metadata, **(args.metadata or {})}
-    taken = sorted(set(source.metadata) & set(args.metadata or {}))
-    if taken:
-        raise UsageError(f"--metadata sets {listing(taken)}, which the source writes itself")
+    metadata = conversion.dataset_metadata(source, args.metadata)
     try:
         return varstore.ShardedWriter(
             args.destination, codec=source.codec, dtype=source.dtype, shape=source.shape, metadata=metadata,
@@ -187,8 +167,7 @@ def _dataset_writer(args: argparse.Namespace, source: Source) -> varstore.Sharde
             **({"storage_options": args.storage_options} if is_url(args.destination) else {}),
         )
     except varstore.ShardExistsError as error:
-        raise CommandError(f"{error.path}: a dataset, or the shards of an interrupted writer, is already there; "
-                           "pass --overwrite to replace it") from None
+        raise CommandError(f"{error.path}: {_EXISTING_DATASET}") from None
 
 
 def _local_destination(args: argparse.Namespace) -> ContextManager[None]:
@@ -196,16 +175,41 @@ def _local_destination(args: argparse.Namespace) -> ContextManager[None]:
     return nullcontext() if is_url(args.destination) else removed_if_created_and_failed(args.destination)
 
 
-def run(args: argparse.Namespace) -> int:
-    check_location_options(args, args.destination)
-    source = _open_source(args)
-    started = time.perf_counter()
+def _convert_serially(args: argparse.Namespace, source: Source) -> None:
     # The writer locks DST for the whole run, and on an error removes every shard it wrote.
     with _local_destination(args), _dataset_writer(args, source) as writer:
         if not is_url(args.destination):
             check_destination(args.destination, command="convert", keeps_dataset=True, allow_other_files=args.allow_other_files)
         with progress_bar(source.total, description="convert", unit=source.unit, quiet=args.quiet) as progress:
             source.write_to(writer, progress)
+
+
+def _convert_in_parts(args: argparse.Namespace, source: Source, kind: str) -> None:
+    """--workers N: the parts written by worker processes and committed in order (`varstore.conversion`)."""
+    with _local_destination(args):
+        if not is_url(args.destination):
+            make_directories(args.destination)
+            check_destination(args.destination, command="convert", keeps_dataset=True, allow_other_files=args.allow_other_files)
+        with progress_bar(source.total, description="convert", unit=source.unit, quiet=args.quiet) as progress:
+            try:
+                conversion.write_in_parts(
+                    source, args.source, kind, _source_options(args), args.destination, workers=args.workers,
+                    metadata=args.metadata, overwrite=args.overwrite, max_shard_bytes=args.max_shard_bytes,
+                    max_shard_records=args.max_shard_records, progress=progress,
+                    storage_options=args.storage_options if is_url(args.destination) else None,
+                )
+            except varstore.ShardExistsError as error:
+                raise CommandError(f"{args.destination}: {_EXISTING_DATASET}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    check_location_options(args, args.destination)
+    source, kind = _open_source(args)
+    started = time.perf_counter()
+    if args.workers == 1:
+        _convert_serially(args, source)
+    else:
+        _convert_in_parts(args, source, kind)
     seconds = time.perf_counter() - started
     with open_store(args.destination, args) as dataset:
         payload = sum(entry.data_size for entry in dataset.manifest.shards)

@@ -14,6 +14,7 @@ concerned.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from typing import Any, Iterator
@@ -33,8 +34,25 @@ _PARQUET_BATCH_ROWS = 4096
 DEFAULT_MAX_RECORD_BYTES = 64 << 20
 
 
+FORMAT_BY_SUFFIX = {".npy": "npy", ".bin": "tokens", ".jsonl": "jsonl", ".ndjson": "jsonl", ".txt": "text", ".parquet": "parquet"}
+# The options each source format reads; any other source option given is a usage error, never silently ignored.
+FORMAT_OPTIONS = {
+    "npy": {"offsets"},
+    "tokens": {"dtype", "separator", "drop_separator"},
+    "jsonl": {"field", "skip_null", "codec", "max_record_bytes"},
+    "text": {"codec", "max_record_bytes"},
+    "folder": {"labels", "max_record_bytes"},
+    "parquet": {"field", "skip_null", "codec"},
+}
+SOURCE_OPTIONS = ("offsets", "dtype", "separator", "drop_separator", "field", "skip_null", "codec", "labels", "max_record_bytes")
+
+
 class Source:
-    """A source file: the writer settings its records need, how much work there is, and the records."""
+    """A source file: the writer settings its records need, how much work there is, and the records.
+
+    `split(count)` cuts the input into contiguous parts, each described by plain values, so that `write_part`
+    can write each one in another process (the parts' records, in order, are those `write_to` writes).
+    """
 
     codec = "bytes"
     dtype: np.dtype | None = None
@@ -45,7 +63,71 @@ class Source:
     skipped = 0  # inputs left out on request (null fields with --skip-null)
 
     def write_to(self, writer: ShardedWriter, progress: Progress) -> None:
+        """Write every record."""
+        self.write_part(writer, progress, self.whole())
+
+    def whole(self) -> dict[str, Any]:
+        """The part that is the whole input."""
+        return {"first": 0, "stop": None}
+
+    def split(self, count: int) -> list[dict[str, Any]]:
+        """At most `count` contiguous parts covering the input, in order (fewer when it has fewer records)."""
         raise NotImplementedError
+
+    def write_part(self, writer: ShardedWriter, progress: Progress, part: dict[str, Any]) -> None:
+        """Write the records of `part` (one of `split`'s, or `whole()`)."""
+        raise NotImplementedError
+
+
+def source_format(path: str, format: str | None) -> str:
+    """The format of the source at `path`: `format` if given, else told by its name (a folder is "folder")."""
+    if format is not None:
+        if format not in FORMAT_OPTIONS:
+            raise UsageError(f"unknown source format {format!r}; the formats are {', '.join(sorted(FORMAT_OPTIONS))}")
+        return format
+    if os.path.isdir(path):
+        return "folder"
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix not in FORMAT_BY_SUFFIX:
+        raise UsageError(f"cannot tell the format of {path} from its name; pass --format ({', '.join(sorted(FORMAT_OPTIONS))})")
+    return FORMAT_BY_SUFFIX[suffix]
+
+
+def open_source(path: str, kind: str, options: dict[str, Any]) -> Source:
+    """The source of format `kind` at `path`, with `options` (names of `SOURCE_OPTIONS`, None for unset) checked
+    against its format: plain values, so another process opens the same source from them."""
+    if not os.path.exists(path):
+        raise CommandError(f"{path}: no such file or folder")
+    for option in SOURCE_OPTIONS:
+        if options.get(option) is not None and option not in FORMAT_OPTIONS[kind]:
+            raise UsageError(f"--{option.replace('_', '-')} does not apply to {kind} sources")
+    unknown = sorted(set(options) - set(SOURCE_OPTIONS))
+    if unknown:
+        raise UsageError(f"unknown source option {unknown[0]!r}; the options are {', '.join(SOURCE_OPTIONS)}")
+    if (kind == "folder") != os.path.isdir(path):
+        raise UsageError(f"{path}: the {kind} format needs {'a folder' if kind == 'folder' else 'a file'}")
+    if kind == "npy":
+        return NpySource(path, options.get("offsets"))
+    if kind == "tokens":
+        if options.get("dtype") is None or options.get("separator") is None:
+            raise UsageError("a token file needs --dtype (e.g. uint16) and --separator (the end-of-document token id)")
+        return TokenSource(path, options["dtype"], options["separator"], drop_separator=bool(options.get("drop_separator")))
+    max_record_bytes = options.get("max_record_bytes") or DEFAULT_MAX_RECORD_BYTES
+    skip_null = bool(options.get("skip_null"))
+    if kind == "jsonl":
+        return JsonLinesSource(path, options.get("field"), options.get("codec"), max_record_bytes, skip_null=skip_null)
+    if kind == "text":
+        return TextSource(path, options.get("codec"), max_record_bytes)
+    if kind == "parquet":
+        return ParquetSource(path, options.get("field"), options.get("codec"), skip_null=skip_null)
+    return FolderSource(path, max_record_bytes, labels=bool(options.get("labels")))
+
+
+def _even_parts(count: int, units: int) -> list[dict[str, Any]]:
+    """At most `count` parts {"first", "stop"} of `units` consecutive units, as equal as can be, none empty
+    (one empty part when there is no unit)."""
+    bounds = sorted({units * position // count for position in range(count + 1)})
+    return [{"first": first, "stop": stop} for first, stop in zip(bounds, bounds[1:])] or [{"first": 0, "stop": 0}]
 
 
 def _append(writer: ShardedWriter, record: Any, where: str) -> None:
@@ -89,26 +171,31 @@ class NpySource(Source):
             self.offsets = _checked_offsets(offsets_path, len(self.array))
             self.shape = self.array.shape[1:]
 
-    def write_to(self, writer: ShardedWriter, progress: Progress) -> None:
-        if self.offsets is None:
-            self._write_rows(writer, progress)
-        else:
-            self._write_splits(writer, progress)
+    def split(self, count: int) -> list[dict[str, Any]]:
+        """Parts of consecutive records (rows, or splits of rows by the offsets)."""
+        return _even_parts(count, len(self.array) if self.offsets is None else len(self.offsets) - 1)
 
-    def _write_rows(self, writer: ShardedWriter, progress: Progress) -> None:
+    def write_part(self, writer: ShardedWriter, progress: Progress, part: dict[str, Any]) -> None:
+        if self.offsets is None:
+            self._write_rows(writer, progress, part["first"], part["stop"])
+        else:
+            self._write_splits(writer, progress, part["first"], part["stop"])
+
+    def _write_rows(self, writer: ShardedWriter, progress: Progress, first: int, stop: int | None) -> None:
         array = self.array
         rows_per_chunk = max(1, _CHUNK_BYTES // max(1, array[:1].nbytes))
         length = array.shape[1] if array.ndim > 1 else 1
-        for start in range(0, len(array), rows_per_chunk):
-            chunk = array[start : start + rows_per_chunk]
+        stop = len(array) if stop is None else stop
+        for start in range(first, stop, rows_per_chunk):
+            chunk = array[start : min(stop, start + rows_per_chunk)]
             writer.extend_flat(chunk.reshape((-1, *self.shape)), np.full(len(chunk), length, np.int64))
             progress(chunk.nbytes)
 
-    def _write_splits(self, writer: ShardedWriter, progress: Progress) -> None:
+    def _write_splits(self, writer: ShardedWriter, progress: Progress, first: int, stop: int | None) -> None:
         array, offsets = self.array, self.offsets
         assert offsets is not None
         rows_per_chunk = max(1, _CHUNK_BYTES // max(1, array[:1].nbytes))
-        count, first = len(offsets) - 1, 0
+        count = len(offsets) - 1 if stop is None else stop
         while first < count:
             last = int(np.searchsorted(offsets, offsets[first] + rows_per_chunk, side="right")) - 1
             last = min(count, max(first + 1, last))
@@ -176,10 +263,34 @@ class TokenSource(Source):
             raise CommandError(f"{path}: {size} bytes is not a whole number of {self.dtype.itemsize}-byte {self.dtype.name} tokens")
         self.total = size
 
-    def write_to(self, writer: ShardedWriter, progress: Progress) -> None:
+    def split(self, count: int) -> list[dict[str, Any]]:
+        """Parts of whole documents: each cut moved forward to just after the next separator."""
+        tokens = self.total // self.dtype.itemsize
+        if not tokens:
+            return [{"first": 0, "stop": 0}]
+        ids = np.memmap(self.path, self.dtype, mode="r")
+        bounds = [0]
+        for position in range(1, count):
+            cut = max(bounds[-1], tokens * position // count)
+            bounds.append(self._after_separator(ids, cut))
+        bounds.append(tokens)
+        return [{"first": first, "stop": stop} for first, stop in zip(bounds, bounds[1:]) if stop > first]
+
+    def _after_separator(self, ids: np.ndarray, position: int) -> int:
+        """The first document start at or after token `position` (just after a separator), or the end."""
+        if position == 0:
+            return 0
+        chunk_tokens = _CHUNK_BYTES // self.dtype.itemsize
+        for start in range(position - 1, len(ids), chunk_tokens):
+            found = np.flatnonzero(ids[start : start + chunk_tokens] == self.separator)
+            if found.size:
+                return start + int(found[0]) + 1
+        return len(ids)
+
+    def write_part(self, writer: ShardedWriter, progress: Progress, part: dict[str, Any]) -> None:
         if not self.total:
             return
-        tokens = np.memmap(self.path, self.dtype, mode="r")
+        tokens = np.memmap(self.path, self.dtype, mode="r")[part["first"] : part["stop"]]
         chunk_tokens = _CHUNK_BYTES // self.dtype.itemsize
         kept = 0 if self.drop_separator else 1  # how many tokens of its separator a document keeps
         start = 0  # where the current record began
@@ -199,12 +310,51 @@ class TokenSource(Source):
             writer.append(tokens[start:])
 
 
-def _lines(path: str, progress: Progress, max_bytes: int) -> Iterator[tuple[int, bytes]]:
-    """(line number, line without its line ending), reporting bytes read; a line over `max_bytes` is refused."""
-    pending, number = 0, 0
+def _line_parts(path: str, count: int) -> list[dict[str, Any]]:
+    """At most `count` parts of whole lines of the file at `path`: {"first": byte, "stop": byte, "line": the
+    number of its first line}. Each even cut moves forward to just after the next newline; the line numbers
+    come from counting newlines up to the last cut (one read of the file, at memory speed)."""
+    size = os.path.getsize(path)
+    starts = [0]
     with open(path, "rb") as file:
+        for position in range(1, count):
+            starts.append(_after_newline(file, max(starts[-1], size * position // count), size))
+        lines, counted = [1], 0
+        file.seek(0)
+        for start in starts[1:]:
+            while counted < start:
+                chunk = file.read(min(_CHUNK_BYTES, start - counted))
+                lines[-1] += chunk.count(b"\n")
+                counted += len(chunk)
+            lines.append(lines[-1])
+    parts = [{"first": first, "stop": stop, "line": line} for first, stop, line in zip(starts, starts[1:] + [size], lines)]
+    return [part for part in parts if part["stop"] > part["first"]] or [{"first": 0, "stop": 0, "line": 1}]
+
+
+def _after_newline(file: Any, position: int, size: int) -> int:
+    """The first line start at or after byte `position` of `file` (just after a newline), or `size`."""
+    if position == 0:
+        return 0
+    file.seek(position - 1)
+    while chunk := file.read(_CHUNK_BYTES):
+        found = chunk.find(b"\n")
+        if found >= 0:
+            return file.tell() - len(chunk) + found + 1
+    return size
+
+
+def _lines(path: str, progress: Progress, max_bytes: int, part: dict[str, Any]) -> Iterator[tuple[int, bytes]]:
+    """(line number, line without its line ending) of the lines of `part` ({"first": byte, "stop": byte or None,
+    "line": number of the first}), reporting bytes read; a line over `max_bytes` is refused."""
+    pending, number = 0, part.get("line", 1) - 1
+    left = None if part["stop"] is None else part["stop"] - part["first"]
+    with open(path, "rb") as file:
+        if part["first"]:
+            file.seek(part["first"])
         # Reading at most max_bytes + 2 (the longest ending, \r\n) bounds memory whatever the file holds.
-        while line := file.readline(max_bytes + 2):
+        while (left is None or left > 0) and (line := file.readline(max_bytes + 2)):
+            if left is not None:
+                left -= len(line)
             number += 1
             pending += len(line)
             if pending >= _PROGRESS_STEP_BYTES:
@@ -244,8 +394,11 @@ class JsonLinesSource(Source):
         self.codec = "msgpack" if field is None else codec or "str"
         self.total = os.path.getsize(path)
 
-    def write_to(self, writer: ShardedWriter, progress: Progress) -> None:
-        for number, line in _lines(self.path, progress, self.max_record_bytes):
+    def split(self, count: int) -> list[dict[str, Any]]:
+        return _line_parts(self.path, count)
+
+    def write_part(self, writer: ShardedWriter, progress: Progress, part: dict[str, Any]) -> None:
+        for number, line in _lines(self.path, progress, self.max_record_bytes, part):
             if not line.strip():
                 continue
             where = f"{self.path}, line {number}"
@@ -278,8 +431,11 @@ class TextSource(Source):
         self.codec = codec or "str"
         self.total = os.path.getsize(path)
 
-    def write_to(self, writer: ShardedWriter, progress: Progress) -> None:
-        for number, line in _lines(self.path, progress, self.max_record_bytes):
+    def split(self, count: int) -> list[dict[str, Any]]:
+        return _line_parts(self.path, count)
+
+    def write_part(self, writer: ShardedWriter, progress: Progress, part: dict[str, Any]) -> None:
+        for number, line in _lines(self.path, progress, self.max_record_bytes, part):
             where = f"{self.path}, line {number}"
             if self.codec == "bytes":
                 _append(writer, line, where)
@@ -322,16 +478,27 @@ class FolderSource(Source):
         """The class folders read with labels (a link among them is followed), in label order; none without."""
         return [os.path.join(self.path, name) for name in self.labels or []]
 
-    def write_to(self, writer: ShardedWriter, progress: Progress) -> None:
+    def split(self, count: int) -> list[dict[str, Any]]:
+        """Parts of consecutive files, in the records' order."""
+        return _even_parts(count, sum(1 for _ in self._files()))
+
+    def write_part(self, writer: ShardedWriter, progress: Progress, part: dict[str, Any]) -> None:
+        for label, path, name in itertools.islice(self._files(), part["first"], part["stop"]):
+            if label is None:
+                _append(writer, {"name": name, "data": self._read(path)}, path)
+            else:
+                _append(writer, {"image": self._read(path), "label": label, "path": name}, path)
+            progress(1)
+
+    def _files(self) -> Iterator[tuple[int | None, str, str]]:
+        """(label or None, path, relative name) of every file, in record order."""
         if self.labels is None:
             for path, name in _files_in(self.path, ""):
-                _append(writer, {"name": name, "data": self._read(path)}, path)
-                progress(1)
+                yield None, path, name
             return
         for label, class_name in enumerate(self.labels):
             for path, name in _files_in(os.path.join(self.path, class_name), class_name + "/"):
-                _append(writer, {"image": self._read(path), "label": label, "path": name}, path)
-                progress(1)
+                yield label, path, name
 
     def _read(self, path: str) -> bytes:
         """The file's bytes, or a one-line error if it is over the limit (checked before and while reading)."""
@@ -431,8 +598,19 @@ class ParquetSource(Source):
             raise UsageError(f"{path} has no field {field!r}: its column {self.column!r} is {column_type}")
         self.codec = codec or ("bytes" if "binary" in str(leaf_type) else "str")
 
-    def write_to(self, writer: ShardedWriter, progress: Progress) -> None:
-        for first_row, values in self._batches():
+    def whole(self) -> dict[str, Any]:
+        return {"first": 0, "stop": self.file.num_row_groups, "row": 0}
+
+    def split(self, count: int) -> list[dict[str, Any]]:
+        """Parts of consecutive row groups, each with the number of its first row."""
+        parts = _even_parts(count, self.file.num_row_groups)
+        rows = [self.file.metadata.row_group(group).num_rows for group in range(self.file.num_row_groups)]
+        return [{**part, "row": sum(rows[: part["first"]])} for part in parts]
+
+    def write_part(self, writer: ShardedWriter, progress: Progress, part: dict[str, Any]) -> None:
+        if part["stop"] <= part["first"]:
+            return  # pyarrow reads every row group when given none
+        for first_row, values in self._batches(list(range(part["first"], part["stop"])), part["row"]):
             for row, value in enumerate(values, first_row):
                 where = f"{self.path}, row {row}"
                 if self.field is not None:
@@ -444,11 +622,11 @@ class ParquetSource(Source):
                 _append(writer, value, where)
             progress(len(values))
 
-    def _batches(self) -> Iterator[tuple[int, list[Any]]]:
-        """(first row, its batch's rows as Python dicts, of --field's column alone if given); a read error names the row it reached."""
+    def _batches(self, row_groups: list[int], row: int) -> Iterator[tuple[int, list[Any]]]:
+        """(first row, its batch's rows as Python dicts, of --field's column alone if given) of the row groups
+        `row_groups`, whose first row is `row`; a read error names the row it reached."""
         columns = None if self.field is None else [self.column]
-        batches = self.file.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=columns)
-        row = 0
+        batches = self.file.iter_batches(batch_size=_PARQUET_BATCH_ROWS, row_groups=row_groups, columns=columns)
         while True:
             try:
                 batch = next(batches, None)
