@@ -174,11 +174,14 @@ def test_parts_on_s3_commit_in_order_and_failed_attempts_leave_no_object(s3_serv
     killed = PartWriter(url, run_id=run_id, part=1, attempt=0, max_shard_records=2, storage_options=options)
     killed.extend(PARTS[1][:3])  # one shard uploaded, then the attempt dies
     killed._lock.release()
+    staging = Path(killed._directory)
+    assert staging.is_dir()
     entries = [write_part(url, run_id, part, 1, PARTS[part], storage_options=options) for part in (1, 0)][::-1]
     names = commit_parts(url, entries, run_id=run_id, storage_options=options)
     assert list(varstore.open(url, storage_options=options)) == PARTS[0] + PARTS[1]
     keys = {request.key.rsplit("/", 1)[-1] for request in s3_server.requests(bucket, method="PUT")}
     assert any(key.startswith(f"part-{run_id}-000001-0-") for key in keys)  # the dead attempt did upload
+    assert not staging.exists()  # this node's staging of the dead attempt is gone too
     assert object_names(url, options) == {"manifest.json"} | {name + suffix for name in names for suffix in (".data", ".index")}
     with pytest.raises(varstore.ShardExistsError):
         commit_parts(url, entries, run_id=run_id, storage_options=options)

@@ -22,6 +22,7 @@ writing then (a speculative duplicate, say) may leave ``part-RUN-*`` shards no m
 from __future__ import annotations
 
 import dataclasses
+import glob
 import os
 import re
 import secrets
@@ -206,6 +207,7 @@ def commit_parts(
         _check_remote_shards(fs, root, url, entries, stored)
         upload_manifest_bytes(fs, f"{root}/{MANIFEST_NAME}", raw, url=f"{url}/{MANIFEST_NAME}", create_only=not overwrite)
         _remove_leftovers(url, run_id, entries, previous, (fs, root))
+        _remove_node_staging(url, run_id, storage_options)
         return [entry.name for entry in entries]
     if storage_options is not None:
         raise VarstoreError("storage_options apply to URLs only, and this is a local path", path=os.fspath(destination))
@@ -228,9 +230,17 @@ def abandon_run(destination: str | os.PathLike[str], run_id: str, storage_option
         path = str(destination).rstrip("/")
         fs, root = open_filesystem(path, storage_options)
         storage = (fs, root.rstrip("/"))
+        _remove_node_staging(path, run_id, storage_options)
     else:
         path = os.path.abspath(os.fspath(destination))
     _remove_leftovers(path, run_id, [], None, storage)
+
+
+def _remove_node_staging(url: str, run_id: str, storage_options: dict[str, Any] | None) -> None:
+    """Remove this node's staging directories of run `run_id`'s attempts writing to `url` (a killed worker's)."""
+    pattern = glob.escape(staging_directory(url, storage_options)) + f"-part-{run_id}-*"
+    for staging in glob.glob(pattern):
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _listed_entry(item: Any, run_id: str, part: int) -> ShardEntry:
