@@ -12,7 +12,9 @@ import subprocess
 import sys
 import textwrap
 import threading
+from types import SimpleNamespace
 from typing import Any
+from unittest.mock import patch
 
 import numpy as np
 import pytest
@@ -21,7 +23,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("fsspec")
 
 import varstore  # noqa: E402
-from varstore.errors import MissingFileError  # noqa: E402
+from varstore.errors import CorruptRecordError, MissingFileError  # noqa: E402
 from varstore.locking import directory_lock_path, lock_waiting  # noqa: E402
 from varstore.remote.filesystems import open_filesystem  # noqa: E402
 from varstore.torch import RecordDataset, RecordStream, TokenWindowDataset  # noqa: E402
@@ -113,7 +115,8 @@ def test_every_dataset_class_over_s3_equals_the_local_copy(s3_server: Any, tmp_p
         for batch in np.array_split(every, 5):
             assert _same(windows.__getitems__(batch), local_windows.__getitems__(batch)), options
 
-    for options in ({"shuffle": True, "block_size": 8, "shuffle_window": 64}, {"shuffle": False}):
+    blocks = {"shuffle": True, "block_size": 8, "shuffle_window": 64}
+    for options in (blocks, {**blocks, "flat_batches": True}, {**blocks, "flat_batches": True, "output": "numpy"}, {"shuffle": False}):
         local_stream = RecordStream(str(tmp_path / "local"), batch_size=16, collate_fn=list, seed=3, **options)
         stream = RecordStream(f"s3://{bucket}/tokens", batch_size=16, collate_fn=list, seed=3, **options, **remote)
         assert _same(list(stream), list(local_stream)), options
@@ -304,11 +307,11 @@ def test_a_streaming_epoch_under_a_cache_limit_smaller_than_the_data(s3_server: 
         assert len(requests) <= 1 + 2, key  # besides the download, only the open's reads of its first and last 4 KiB
 
 
-def _block_reads(records: list[int], first_position: int, shuffle_window: int, block_size: int) -> dict[tuple[int, int, int], list[int]]:
-    """The ranged reads a shuffled stream makes for `records`, the rank's order from position `first_position`
-    on, records of a few bytes: one per (window, block, shard) the records touch, of the records it reads."""
+def _block_reads(records: Any, shuffle_window: int, block_size: int) -> dict[tuple[int, int, int], list[int]]:
+    """The ranged reads a shuffled stream makes for `records`, (position in the rank's order, record) pairs of
+    records of a few bytes: one per (window, block, shard) the records touch, of the records it reads."""
     reads: dict[tuple[int, int, int], list[int]] = {}
-    for position, record in enumerate(records, start=first_position):
+    for position, record in records:
         reads.setdefault((position // shuffle_window, record // block_size, record // SHARD_RECORDS), []).append(record)
     return reads
 
@@ -350,7 +353,7 @@ def test_a_shuffled_remote_epoch_reads_each_block_with_one_ranged_get_and_each_b
     reads = [request for key in keys for request in s3_server.requests(bucket, method="GET", key=key)[before[key]:]]
     assert all(request.range is not None for request in reads)  # no data object is downloaded whole
     records = [_record_index(record) for record in expected]
-    expected_reads = _block_reads(records, resume_after * local.batch_size, settings["shuffle_window"], settings["block_size"])
+    expected_reads = _block_reads(enumerate(records, start=resume_after * local.batch_size), settings["shuffle_window"], settings["block_size"])
     assert len(reads) == len(expected_reads)
     assert sorted(_range_length(request.range) for request in reads) == sorted(map(_span_bytes, expected_reads.values()))
     if not resume_after:  # every record of every block, once
@@ -363,6 +366,35 @@ def test_a_shuffled_remote_epoch_reads_each_block_with_one_ranged_get_and_each_b
     read = {record // SHARD_RECORDS for record in range(first, first + in_order.rank_record_count)}
     assert sum(len(batch) for batch in in_order) == in_order.rank_record_count
     assert {key: _whole_gets(s3_server, bucket, key) for key in keys} == {key: int(position in read) for position, key in enumerate(keys)}
+
+
+def test_each_worker_of_a_shuffled_remote_stream_reads_the_span_of_its_records_in_each_block(s3_server: Any, tmp_path: Any) -> None:
+    bucket = s3_server.new_bucket()
+    url = f"s3://{bucket}/data"
+    _write_bytes(url, storage_options=s3_server.storage_options)
+    _write_bytes(str(tmp_path / "local"))
+    settings = {"batch_size": 8, "block_size": 20, "shuffle_window": 80, "seed": 8, "collate_fn": list}
+    expected = [[bytes(sample.numpy()) for sample in batch] for batch in RecordStream(str(tmp_path / "local"), **settings)]
+    stream = RecordStream(url, storage_options=s3_server.storage_options, cache_dir=str(tmp_path / "cache"), **settings)
+    reader = stream._dataset.reader
+    for position in range(SHARDS):
+        reader.shard(position)
+    keys = _data_keys(bucket, "data")
+    total_read = 0
+    for worker in range(2):
+        before = {key: len(s3_server.requests(bucket, method="GET", key=key)) for key in keys}
+        with patch("varstore.torch.stream.get_worker_info", return_value=SimpleNamespace(id=worker, num_workers=2)):
+            batches = [[bytes(sample.numpy()) for sample in batch] for batch in stream]
+        assert batches == expected[worker::2]
+        reads = [request for key in keys for request in s3_server.requests(bucket, method="GET", key=key)[before[key]:]]
+        mine = [(number * 8 + slot, _record_index(record)) for number, batch in enumerate(expected) if number % 2 == worker for slot, record in enumerate(batch)]
+        expected_reads = _block_reads(mine, settings["shuffle_window"], settings["block_size"])
+        assert len(reads) == len(expected_reads)
+        assert sorted(_range_length(request.range) for request in reads) == sorted(map(_span_bytes, expected_reads.values()))
+        total_read += sum(_range_length(request.range) for request in reads)
+    # Both workers' batches take records from every block of a window: each reads about the whole block.
+    data_bytes = sum(len(_record(index)) for index in range(SHARDS * SHARD_RECORDS))
+    assert 1.5 * data_bytes < total_read <= 2 * data_bytes
 
 
 def test_the_prefetch_thread_runs_at_most_ahead_jobs_beyond_those_asked_for() -> None:
@@ -405,6 +437,30 @@ def test_a_failed_window_read_is_raised_by_the_first_batch_of_that_window(tmp_pa
         next(batches)
     assert raised.value.path.endswith(f"{shard_name}.data")
     assert any(frame.name == "_run" for frame in __import__("traceback").extract_tb(raised.value.__traceback__))
+    assert not _prefetch_threads()
+
+
+def test_a_damaged_record_in_a_shuffled_remote_stream_is_raised_or_skipped_alone(tmp_path: Any) -> None:
+    url = "memory://torch-window-damaged/data"
+    with varstore.ShardedWriter(url, "bytes", max_shard_records=SHARD_RECORDS) as writer:
+        for index in range(SHARDS * SHARD_RECORDS):
+            writer.append(index.to_bytes(4, "little") * 250)  # 1000 bytes: the middle of a shard is past its edges
+    reader = varstore.open(url)
+    damaged = 2 * SHARD_RECORDS + 20
+    fs, _ = open_filesystem(url)
+    data_path = f"/torch-window-damaged/data/{reader.manifest.shards[2].name}.data"
+    data = bytearray(fs.cat_file(data_path))
+    data[int(reader.shard(2).offsets[20]) + 7] ^= 1
+    fs.pipe_file(data_path, bytes(data))
+    settings = {"batch_size": 16, "block_size": 8, "shuffle_window": 64, "seed": 1, "collate_fn": list, "cache_dir": str(tmp_path / "cache")}
+
+    with pytest.raises(CorruptRecordError) as raised:
+        list(RecordStream(url, **settings))
+    assert raised.value.records == [20]
+    stream = RecordStream(url, on_damaged="skip", **settings)
+    records = [int.from_bytes(bytes(sample.numpy()[:4]), "little") for batch in stream for sample in batch]
+    assert sorted(records) == [index for index in range(SHARDS * SHARD_RECORDS) if index != damaged]
+    assert stream.skipped_records == {f"{url}/{reader.manifest.shards[2].name}": 1}
     assert not _prefetch_threads()
 
 

@@ -17,6 +17,11 @@ The rank's order is dealt to workers a batch at a time: batch j goes to worker
 ``j % num_workers``, the same round robin in which the DataLoader collects batches,
 so the loader yields the rank's order exactly. Resuming therefore only needs how
 many samples the loop consumed, and works with another number of workers.
+
+Over object storage the same order is read in one of two ways (`varstore.torch.prefetch`
+runs both): unshuffled, whole shards are fetched into the node cache ahead of the
+batches; shuffled, each worker reads its records of the next window by ranged requests,
+one per block, into memory while its batches consume the current window.
 """
 
 from __future__ import annotations
@@ -235,13 +240,21 @@ class RecordStream(IterableDataset):
     views (`default_collate` would hand them to torch as they are, with a warning).
 
     `path` may be a URL of object storage (see `varstore.open`), with `storage_options`, `cache_dir` and
-    `cache_limit`. Each worker then fetches whole shards into the node cache ahead of its batches (a
-    thread, at most two shards beyond those its batches have started on; a batch waits for its shards),
-    and releases a shard after its last batch that reads it, so that the cache can evict it under
-    `cache_limit`. Each data object is downloaded once per node. A failed fetch is raised by the batch
-    that needs the shard. The order is the same as for a local copy; note that with ``shuffle=True`` a
-    window of `shuffle_window` records spans up to ``shuffle_window / block_size`` blocks from anywhere
-    in the dataset, so each worker keeps a shard until its last block has been read.
+    `cache_limit`; the order is the same as for a local copy. Each worker runs a thread ahead of its
+    batches, and a failed fetch is raised (the same exception) by the first batch that needs it;
+    closing or dropping the iterator stops the thread.
+
+    - ``shuffle=False``: the thread fetches whole shards into the node cache, at most two beyond those
+      the batches have started on, and a shard is released after its last batch, so that the cache can
+      evict it under `cache_limit`. Each data object is downloaded once per node.
+    - ``shuffle=True``: a window's records come from up to ``shuffle_window / block_size`` blocks
+      anywhere in the dataset, so whole shards would stay needed until the end of the epoch. Instead
+      the thread reads the worker's records of the next window while its batches consume the current
+      one: those of each block (two pieces for a block straddling two shards) with one ranged request
+      (unless other workers' records between them exceed 64 KiB), the blocks concurrently, every record
+      checked against its CRC32C. Memory is about two windows of this worker's records; only index
+      files enter the node cache. Every worker's batches draw from every block of a window, so with W
+      workers each reads about the whole block: W times the bytes of the data per epoch.
     """
 
     def __init__(
