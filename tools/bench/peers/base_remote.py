@@ -63,6 +63,6 @@ class RemotePeer:
         """A map-style dataset over the remote records, for a DataLoader with a shuffling sampler."""
         raise NotImplementedError
 
-    def stream(self, remote: Remote, batch_size: int, workers: int, seed: int) -> Iterable[Any]:
-        """Batches (lists or jagged batches of samples) of one shuffled streaming epoch, the library's own way."""
+    def stream(self, remote: Remote, batch_size: int, workers: int, seed: int, shuffle: bool) -> Iterable[Any]:
+        """Batches (lists of samples) of one streaming epoch, shuffled or in order, the library's own way."""
         raise NotImplementedError

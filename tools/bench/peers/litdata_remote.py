@@ -51,8 +51,8 @@ class LitdataRemote(RemotePeer):
     def map_dataset(self, remote: Remote) -> Dataset:
         return IndexedDataset(self._dataset(remote, shuffle=False), _item)
 
-    def stream(self, remote: Remote, batch_size: int, workers: int, seed: int) -> Iterable[Any]:
-        dataset = self._dataset(remote, shuffle=True, seed=seed)
+    def stream(self, remote: Remote, batch_size: int, workers: int, seed: int, shuffle: bool) -> Iterable[Any]:
+        dataset = self._dataset(remote, shuffle=shuffle, seed=seed)
         return litdata.StreamingDataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=_as_bytes)
 
 

@@ -40,8 +40,8 @@ class MDSRemote(RemotePeer):
     def map_dataset(self, remote: Remote) -> Dataset:
         return IndexedDataset(self._dataset(remote, None, shuffle=False), _payload)
 
-    def stream(self, remote: Remote, batch_size: int, workers: int, seed: int) -> Iterable[Any]:
-        dataset = self._dataset(remote, batch_size, shuffle=True, seed=seed)
+    def stream(self, remote: Remote, batch_size: int, workers: int, seed: int, shuffle: bool) -> Iterable[Any]:
+        dataset = self._dataset(remote, batch_size, shuffle=shuffle, seed=seed)
         return DataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=_payloads,
                           multiprocessing_context=self.worker_start if workers else None)
 

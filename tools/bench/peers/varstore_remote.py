@@ -31,8 +31,9 @@ class VarstoreRemote(RemotePeer):
     def map_dataset(self, remote: Remote) -> Dataset:
         return RecordDataset(remote.url, **_options(remote))
 
-    def stream(self, remote: Remote, batch_size: int, workers: int, seed: int) -> Iterable[Any]:
-        stream = RecordStream(remote.url, batch_size=batch_size, collate_fn=keep_list, seed=seed, **_options(remote))
+    def stream(self, remote: Remote, batch_size: int, workers: int, seed: int, shuffle: bool) -> Iterable[Any]:
+        stream = RecordStream(remote.url, batch_size=batch_size, collate_fn=keep_list, shuffle=shuffle, seed=seed,
+                              **_options(remote))
         return DataLoader(stream, batch_size=None, num_workers=workers)
 
 
