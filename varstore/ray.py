@@ -79,6 +79,12 @@ class VarstoreDatasink(Datasink[dict]):
         self._storage_options = storage_options
         self._run_id: str | None = None
 
+    @property
+    def min_bytes_per_write(self) -> int:
+        """Ray bundles blocks until a write task has a shard's worth: full shards, and a manifest that stays
+        small (one task per block would make a shard per block, ~190 for 100 MB of JSON Lines read by Ray)."""
+        return self._shard_options["max_shard_bytes"]
+
     def on_write_start(self, schema: pa.Schema | None = None) -> None:
         """Start a run (on the driver, before the first write task is sent): a fresh run id for its shard names.
         (`schema` is not checked: when Ray fuses the write with the maps before it, it is their input's.)"""
@@ -134,9 +140,6 @@ class VarstoreDatasink(Datasink[dict]):
         if self._run_id is not None:
             abandon_run(self.path, self._run_id, self._storage_options)
 
-    def get_name(self) -> str:
-        return "Varstore"
-
 
 def _attempt_number() -> int:
     """Ray's attempt number of the running task (0, then 1 for its first retry...). Ray keeps the task id across
@@ -170,8 +173,10 @@ def read_varstore(
     path: str | os.PathLike[str], *, column: str = "record", storage_options: dict[str, Any] | None = None
 ) -> Dataset:
     """The varstore dataset at `path` (a directory every worker can read, or a URL) as a Ray Dataset of rows
-    ``{column: record}``, in order, one block per shard. Each read task reopens the dataset and refuses it
-    (`DatasetReplacedError`) if it is no longer the version opened here."""
+    ``{column: record}``, in order, one block per shard: ``bytes`` and 1-D ``ndarray`` records as Arrow binary
+    and list values built without a Python object per record, others as Arrow makes them (msgpack dicts as
+    structs). Each read task reopens the dataset and refuses it (`DatasetReplacedError`) if it is no longer
+    the version opened here."""
     path = os.fspath(path)
     with open_dataset(path, storage_options=storage_options) as dataset:
         starts = [int(start) for start in dataset.shard_starts]
