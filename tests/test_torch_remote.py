@@ -353,7 +353,8 @@ def test_a_shuffled_remote_epoch_reads_each_block_with_one_ranged_get_and_each_b
     reads = [request for key in keys for request in s3_server.requests(bucket, method="GET", key=key)[before[key]:]]
     assert all(request.range is not None for request in reads)  # no data object is downloaded whole
     records = [_record_index(record) for record in expected]
-    expected_reads = _block_reads(enumerate(records, start=resume_after * local.batch_size), settings["shuffle_window"], settings["block_size"])
+    positions = enumerate(records, start=resume_after * local.batch_size)
+    expected_reads = _block_reads(positions, settings["shuffle_window"], settings["block_size"])
     assert len(reads) == len(expected_reads)
     assert sorted(_range_length(request.range) for request in reads) == sorted(map(_span_bytes, expected_reads.values()))
     if not resume_after:  # every record of every block, once
@@ -361,14 +362,19 @@ def test_a_shuffled_remote_epoch_reads_each_block_with_one_ranged_get_and_each_b
         assert sum(_range_length(request.range) for request in reads) == sum(len(record) for record in expected)
 
     # The rank's part unshuffled: each data object it reads whole, once (one GET; opening reads its edges).
-    in_order = RecordStream(url, storage_options=s3_server.storage_options, cache_dir=str(tmp_path / "cache-in-order"), **{**settings, "shuffle": False})
+    in_order = RecordStream(
+        url, storage_options=s3_server.storage_options, cache_dir=str(tmp_path / "cache-in-order"), **{**settings, "shuffle": False}
+    )
     first = in_order.rank * in_order.record_count // in_order.world_size
     read = {record // SHARD_RECORDS for record in range(first, first + in_order.rank_record_count)}
     assert sum(len(batch) for batch in in_order) == in_order.rank_record_count
-    assert {key: _whole_gets(s3_server, bucket, key) for key in keys} == {key: int(position in read) for position, key in enumerate(keys)}
+    whole = {key: _whole_gets(s3_server, bucket, key) for key in keys}
+    assert whole == {key: int(position in read) for position, key in enumerate(keys)}
 
 
-def test_each_worker_of_a_shuffled_remote_stream_reads_the_span_of_its_records_in_each_block(s3_server: Any, tmp_path: Any) -> None:
+def test_each_worker_of_a_shuffled_remote_stream_reads_the_span_of_its_records_in_each_block(
+    s3_server: Any, tmp_path: Any
+) -> None:
     bucket = s3_server.new_bucket()
     url = f"s3://{bucket}/data"
     _write_bytes(url, storage_options=s3_server.storage_options)
@@ -387,7 +393,11 @@ def test_each_worker_of_a_shuffled_remote_stream_reads_the_span_of_its_records_i
             batches = [[bytes(sample.numpy()) for sample in batch] for batch in stream]
         assert batches == expected[worker::2]
         reads = [request for key in keys for request in s3_server.requests(bucket, method="GET", key=key)[before[key]:]]
-        mine = [(number * 8 + slot, _record_index(record)) for number, batch in enumerate(expected) if number % 2 == worker for slot, record in enumerate(batch)]
+        mine = [
+            (number * 8 + slot, _record_index(record))
+            for number, batch in enumerate(expected) if number % 2 == worker
+            for slot, record in enumerate(batch)
+        ]
         expected_reads = _block_reads(mine, settings["shuffle_window"], settings["block_size"])
         assert len(reads) == len(expected_reads)
         assert sorted(_range_length(request.range) for request in reads) == sorted(map(_span_bytes, expected_reads.values()))
@@ -452,7 +462,8 @@ def test_a_damaged_record_in_a_shuffled_remote_stream_is_raised_or_skipped_alone
     data = bytearray(fs.cat_file(data_path))
     data[int(reader.shard(2).offsets[20]) + 7] ^= 1
     fs.pipe_file(data_path, bytes(data))
-    settings = {"batch_size": 16, "block_size": 8, "shuffle_window": 64, "seed": 1, "collate_fn": list, "cache_dir": str(tmp_path / "cache")}
+    settings = {"batch_size": 16, "block_size": 8, "shuffle_window": 64, "seed": 1, "collate_fn": list}
+    settings["cache_dir"] = str(tmp_path / "cache")
 
     with pytest.raises(CorruptRecordError) as raised:
         list(RecordStream(url, **settings))

@@ -252,9 +252,11 @@ class RecordStream(IterableDataset):
       the thread reads the worker's records of the next window while its batches consume the current
       one: those of each block (two pieces for a block straddling two shards) with one ranged request
       (unless other workers' records between them exceed 64 KiB), the blocks concurrently, every record
-      checked against its CRC32C. Memory is about two windows of this worker's records; only index
-      files enter the node cache. Every worker's batches draw from every block of a window, so with W
-      workers each reads about the whole block: W times the bytes of the data per epoch.
+      checked against its CRC32C. Memory is about two windows of this worker's records (three while
+      a batch straddles two windows); only index files enter the node cache. Every worker's batches
+      draw from every block of a window, so with W workers each reads about the whole block: W times
+      the bytes of the data per epoch (records over 64 KiB are read alone, so there it is W times the
+      requests instead).
     """
 
     def __init__(
@@ -376,7 +378,9 @@ class RecordStream(IterableDataset):
         order = _EpochOrder(self, _no_prefetch)  # the thread's own: the batches' order holds other windows
         return _WindowPrefetch(windows, partial(self._fetch_window, reader, order, worker_id, workers))
 
-    def _fetch_window(self, reader: AnyReader, order: _EpochOrder, worker_id: int, workers: int, window: int) -> _WindowRecords:
+    def _fetch_window(
+        self, reader: AnyReader, order: _EpochOrder, worker_id: int, workers: int, window: int
+    ) -> _WindowRecords:
         """This worker's records of `window`: those of each block (or part of a block in one shard) read with
         one `get_batch`, whose ranges merge into one request unless records of other workers' batches between
         them span more than 64 KiB; the blocks read at once (`_BLOCK_READS_AT_ONCE`), each record checked
@@ -408,7 +412,8 @@ class RecordStream(IterableDataset):
                     raise
                 return piece[:0], []  # the dataset reads this batch itself, skipping the damaged records
 
-        with ThreadPoolExecutor(max(1, min(_BLOCK_READS_AT_ONCE, len(pieces))), thread_name_prefix="varstore-block-read") as pool:
+        threads = max(1, min(_BLOCK_READS_AT_ONCE, len(pieces)))
+        with ThreadPoolExecutor(threads, thread_name_prefix="varstore-block-read") as pool:
             fetched = list(pool.map(read_piece, pieces))
         indices = np.concatenate([run_indices for run_indices, _ in fetched]) if fetched else np.zeros(0, np.int64)
         return _WindowRecords(indices, [item for _, items in fetched for item in items])
