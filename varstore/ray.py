@@ -35,6 +35,7 @@ from .codecs import make_codec
 from .errors import VarstoreError
 from .parts import PartWriter, abandon_run, commit_parts, new_run_id
 from .reader_base import require_version
+from .remote.filesystems import is_url
 
 __all__ = ["VarstoreDatasink", "read_varstore"]
 
@@ -69,7 +70,7 @@ class VarstoreDatasink(Datasink[dict]):
         if (column is None) == (record is None):
             raise VarstoreError("give exactly one of column= (the records' column) and record= (a function of a row)")
         make_codec(codec, dtype=dtype, shape=shape)  # a bad codec is refused here, not in every write task
-        self.path = os.fspath(path)
+        self.path = _absolute(path)
         self._codec_options = {"codec": codec, "dtype": dtype, "shape": shape}
         self._column = column
         self._record = record
@@ -136,9 +137,16 @@ class VarstoreDatasink(Datasink[dict]):
         )
 
     def on_write_failed(self, error: Exception) -> None:
-        """Remove every shard of the run (the tasks that wrote them have ended: Ray reports the failure after them)."""
+        """Remove every shard of the run. Ray has cancelled the run's other tasks by now; one still finishing a shard
+        may yet publish it, a ``part-RUN-*`` leftover that no manifest lists (see `varstore.parts`)."""
         if self._run_id is not None:
             abandon_run(self.path, self._run_id, self._storage_options)
+
+
+def _absolute(path: str | os.PathLike[str]) -> str:
+    """A local path made absolute on the driver (tasks may run in another directory), a URL as it is."""
+    path = os.fspath(path)
+    return path if is_url(path) else os.path.abspath(path)
 
 
 def _attempt_number() -> int:
@@ -177,7 +185,7 @@ def read_varstore(
     and list values built without a Python object per record, others as Arrow makes them (msgpack dicts as
     structs). Each read task reopens the dataset and refuses it (`DatasetReplacedError`) if it is no longer
     the version opened here."""
-    path = os.fspath(path)
+    path = _absolute(path)
     with open_dataset(path, storage_options=storage_options) as dataset:
         starts = [int(start) for start in dataset.shard_starts]
         version = dataset.version
