@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
@@ -79,6 +81,12 @@ def files_besides_the_dataset(directory: Path) -> set[str]:
 def blobs(count: int) -> list[bytes]:
     rng = np.random.default_rng(7)
     return [rng.bytes(int(size)) for size in rng.integers(0, 300, count)]
+
+
+def test_import_varstore_never_imports_ray() -> None:
+    code = "import sys, varstore, varstore.parts; print(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'pandas')))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT, check=True)
+    assert result.stdout.strip() == "[]"
 
 
 def test_ray_dataset_written_in_order_equals_the_serial_writer_locally(ordered: None, tmp_path: Path) -> None:
