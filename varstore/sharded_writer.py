@@ -13,7 +13,7 @@ from . import format as fmt
 from . import manifest as manifest_rules
 from .checksum import crc32c
 from .codecs import codec_from_stored, make_codec
-from .errors import ClosedError, FormatError, ShardExistsError, StorageError, VarstoreError
+from .errors import ClosedError, FormatError, RecordTypeError, ShardExistsError, StorageError, VarstoreError
 from .journal import Journal, manifest_identity
 from .locking import is_locked, lock_directory, shard_lock_path
 from .manifest import (
@@ -38,7 +38,7 @@ from .storage import (
     sync_directory,
 )
 from .reader import Reader
-from .writer import Writer, encode_record, flat_payloads
+from .writer import Writer, flat_payloads, refused_record
 
 _DIGITS = re.compile(r"(\d+)")
 
@@ -177,19 +177,30 @@ class ShardedWriter:
 
     def append(self, record: Any) -> int:
         """Add one record; returns its index in the whole dataset."""
-        self._check_writable("append")
-        payload = encode_record(self._codec, record, self._record_count, self.path)
-        writer = self._writer_for(len(payload))
+        if self._failure is not None or self._closed:
+            self._check_writable("append")
         try:
-            writer._add_payload(payload, len(payload))
+            payload = self._codec.encode(record)
+        except RecordTypeError as error:
+            raise refused_record(error, self._record_count, self.path) from None
+        size = len(payload)
+        writer = self._writer
+        # The shard in progress takes the record unless a limit says otherwise (_writer_for decides then).
+        if writer is None or writer._data_size + size > self._max_shard_bytes or (
+            self._max_shard_records is not None and writer._record_count >= self._max_shard_records
+        ):
+            writer = self._writer_for(size)
+        try:
+            writer._add_payload(payload, size)
         except StorageError as error:
             raise self._fail(writer, error) from None
         self._record_count += 1
         return self._record_count - 1
 
     def extend(self, records: Iterable[Any]) -> None:
+        append = self.append
         for record in records:
-            self.append(record)
+            append(record)
 
     def extend_flat(self, values: Any, lengths: Any) -> None:
         """Append many records given as one flat buffer and their lengths, as `Writer.extend_flat` does, starting new shards as needed."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from array import array
+from itertools import accumulate
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -26,6 +27,9 @@ from .storage import (
 
 _DATA_BUFFER_BYTES = 1 << 20
 _SPOOL_ENTRIES = 1 << 16
+# What each buffered record takes of the buffer's room besides its bytes: bounds the records held per buffer
+# to _DATA_BUFFER_BYTES / 64 however small they are (empty ones included), and so their objects' memory.
+_BUFFERED_RECORD_COST = 64
 _LITTLE_ENDIAN = sys.byteorder == "little"
 
 
@@ -36,12 +40,9 @@ def _le_bytes(values: array) -> bytes:
     return values.tobytes()
 
 
-def encode_record(codec: Codec, record: Any, position: int, path: str) -> bytes | bytearray | memoryview:
-    """`record` encoded by `codec`; a record the codec refuses is named by its position in what is being written."""
-    try:
-        return codec.encode(record)
-    except RecordTypeError as error:
-        raise RecordTypeError(f"record {position}: {error}", path=path) from None
+def refused_record(error: RecordTypeError, position: int, path: str) -> RecordTypeError:
+    """The codec's refusal `error`, naming the record by its position in what is being written."""
+    return RecordTypeError(f"record {position}: {error}", path=path)
 
 
 def _first_refused_row(codec: Codec, rows: np.ndarray) -> int:
@@ -150,7 +151,10 @@ class Writer:
         self._data_size = 0
         self._data_crc = 0
         self._body_crc = 0
-        self._buffer = bytearray()
+        # Payloads appended since the last flush, as immutable bytes: joined, checksummed and their offsets
+        # computed at the flush, by C loops (map, join) rather than Python code per record.
+        self._buffered: list[bytes] = []
+        self._room = _DATA_BUFFER_BYTES  # what the buffer takes before a flush (see _BUFFERED_RECORD_COST)
         self._offsets = array("Q", [0])
         self._checksums = array("I")
         self._closed = False
@@ -188,14 +192,18 @@ class Writer:
         """Add one record; returns its index in the shard."""
         if self._closed:
             raise ClosedError("append to a closed writer", path=self.path)
-        payload = encode_record(self._codec, record, self._record_count, self.path)
+        try:
+            payload = self._codec.encode(record)
+        except RecordTypeError as error:
+            raise refused_record(error, self._record_count, self.path) from None
         self._add_payload(payload, len(payload))
         return self._record_count - 1
 
     def extend(self, records: Iterable[Any]) -> None:
         """Append every record of an iterable."""
+        append = self.append
         for record in records:
-            self.append(record)
+            append(record)
 
     def extend_flat(self, values: Any, lengths: Any) -> None:
         """Append many records given as one flat buffer and their lengths, without a Python object per record.
@@ -212,31 +220,44 @@ class Writer:
         """Append records packed back to back in `payload`, record k ending at byte `ends[k]` of it."""
         if self._data_size + len(payload) > fmt.MAX_DATA_SIZE:
             raise VarstoreError(f"the shard would exceed {fmt.MAX_DATA_SIZE} bytes", path=self.path)
+        self._flush_data()  # the buffered records' offsets and checksums come first
         if self._flags:
             bounds = [0, *ends.tolist()]
             self._checksums.extend(crc32c(payload[start:end]) for start, end in zip(bounds, bounds[1:]))
-        self._flush_data()
         self._write_data(payload)
         self._offsets.frombytes((ends + self._data_size).astype(np.uint64).tobytes())
         self._data_size += len(payload)
         self._record_count += len(ends)
+        self._reset_room()
         self._spool_if_full()
 
     def _add_payload(self, payload: bytes | bytearray | memoryview, size: int) -> None:
+        """Append one record's payload of `size` bytes: buffered while the buffer has room, its offset and
+        checksum computed with the buffer's others at the flush (the per-record path does least here)."""
+        if size > self._room:
+            self._add_beyond_buffer(payload, size)
+            return
+        # A bytes payload is kept as it is; any other is copied now, since its owner may change it later.
+        self._buffered.append(payload if type(payload) is bytes else bytes(payload))
+        self._room -= size + _BUFFERED_RECORD_COST
+        self._data_size += size
+        self._record_count += 1
+
+    def _add_beyond_buffer(self, payload: bytes | bytearray | memoryview, size: int) -> None:
+        """A record the buffer has no room for: flush it, then buffer the record, or write it at once if large."""
         if self._data_size + size > fmt.MAX_DATA_SIZE:
             raise VarstoreError(f"the shard would exceed {fmt.MAX_DATA_SIZE} bytes", path=self.path)
+        self._flush_data()
+        if size <= self._room:
+            self._add_payload(payload, size)
+            return
         if self._flags:
             self._checksums.append(crc32c(payload))
-        if size >= _DATA_BUFFER_BYTES:
-            self._flush_data()
-            self._write_data(payload)
-        else:
-            self._buffer += payload
-            if len(self._buffer) >= _DATA_BUFFER_BYTES:
-                self._flush_data()
+        self._write_data(payload)
         self._data_size += size
         self._record_count += 1
         self._offsets.append(self._data_size)
+        self._reset_room()
         self._spool_if_full()
 
     def _spool_if_full(self) -> None:
@@ -247,8 +268,23 @@ class Writer:
             self._checksums = array("I")
 
     def _flush_data(self) -> None:
-        self._write_data(self._buffer)
-        self._buffer = bytearray()
+        """Write the buffered records, adding their offsets and checksums (one pass over the buffer)."""
+        payloads = self._buffered
+        if payloads:
+            data = b"".join(payloads)
+            ends = accumulate(map(len, payloads), initial=self._data_size - len(data))
+            next(ends)  # the offset where the buffer starts is there already
+            self._offsets.extend(ends)
+            if self._flags:
+                self._checksums.extend(map(crc32c, payloads))
+            self._buffered = []
+            self._write_data(data)
+            self._spool_if_full()
+        self._reset_room()
+
+    def _reset_room(self) -> None:
+        """The empty buffer's room: its size, or less near the shard's size limit (so `_add_payload` need not check it)."""
+        self._room = min(_DATA_BUFFER_BYTES, fmt.MAX_DATA_SIZE - self._data_size)
 
     def _write_data(self, data: bytes | bytearray | memoryview) -> None:
         """Write payload bytes, checksumming them for the header on the way: one CRC call per buffer, not per record."""
