@@ -147,7 +147,10 @@ class RecordDataset(Dataset):
 
     def __getitems__(self, indices: Sequence[int] | np.ndarray) -> list[Any] | JaggedBatch | FlatBatch:
         """The samples at `indices` (or, with `flat_batches`, one batch of them), read with one vectorised call."""
-        reader = self.reader
+        return self._samples_from(self.reader, indices)
+
+    def _samples_from(self, reader: Any, indices: Sequence[int] | np.ndarray) -> list[Any] | JaggedBatch | FlatBatch:
+        """`__getitems__` reading from `reader` (this dataset's, or `RecordStream`'s records held in memory)."""
         fetch = reader.get_batch_flat if self.flat_batches else reader.get_batch
         if self.on_damaged == "skip":
             indices = self._outside_quarantine(reader, indices)

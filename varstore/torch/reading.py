@@ -32,11 +32,6 @@ from ..sharded_reader import ShardedReader
 AnyReader = Reader | ShardedReader | RemoteShard
 
 
-def is_remote(reader: AnyReader) -> bool:
-    """Whether `reader` reads from object storage."""
-    return not isinstance(reader, Reader) and reader.is_remote
-
-
 class ProcessLocalReader:
     """The reader of `path` for the current process: opened on first use, reopened after a fork, pickled by
     path (or URL and its options) and version.

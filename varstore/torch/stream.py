@@ -43,7 +43,7 @@ from .datasets import DamagedPolicy, Output, RecordDataset
 from .distributed import rank_and_world_size
 from .permutation import Permutation, derive_key
 from .prefetch import Prefetcher, ShardPrefetcher, ShardSchedule
-from .reading import AnyReader, is_remote
+from .reading import AnyReader
 from .resume import as_int, check_resume_state
 
 _BLOCKS_PURPOSE = 2
@@ -169,19 +169,6 @@ class _HeldRecords:
         offsets = np.zeros(len(values) + 1, np.int64)
         np.cumsum([len(value) for value in values], out=offsets[1:])
         return FlatBatch(np.concatenate(values), offsets)
-
-
-class _SamplesFrom(RecordDataset):
-    """`dataset`, reading its records from `reader` (prefetched windows) instead of its own reader: the same
-    samples, transforms, outputs and flat batches."""
-
-    def __init__(self, dataset: RecordDataset, reader: _HeldRecords) -> None:  # not RecordDataset's: it opens the data
-        self.__dict__.update(dataset.__dict__)
-        self._held = reader
-
-    @property
-    def reader(self) -> Any:
-        return self._held
 
 
 class _WindowPrefetch:
@@ -335,7 +322,7 @@ class RecordStream(IterableDataset):
         if worker is not None:
             self._warn_if_repeated()
         reader = self._dataset.reader
-        remote = is_remote(reader)
+        remote = reader.is_remote
         order = _EpochOrder(self, _no_prefetch if remote else reader.prefetch)
         batch_starts = range(self._start + worker_id * self.batch_size, order.count, workers * self.batch_size)
         shards = self._shard_prefetcher(reader, worker_id, workers) if remote and not self.shuffle else None
@@ -364,7 +351,7 @@ class RecordStream(IterableDataset):
         (``on_damaged="skip"``) is read by the dataset instead, which skips and counts them."""
         if not held.holds(records):
             return self._dataset.__getitems__(records)
-        return _SamplesFrom(self._dataset, held).__getitems__(records)
+        return self._dataset._samples_from(held, records)
 
     def _window_prefetch(self, reader: AnyReader, batch_starts: range, worker_id: int, workers: int) -> _WindowPrefetch:
         """A thread that reads this worker's records of each window it reads, one window ahead."""
