@@ -9,6 +9,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -37,9 +38,10 @@ PAYLOADS = make_payloads()
 
 
 @pytest.fixture(scope="session")
-def spark(s3_server: Any) -> Iterator[Any]:
+def spark(s3_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The session's SparkSession. Started after the S3 server, so the Python workers inherit its loopback-only
-    AWS environment; workers run this interpreter; no UI; few shuffle partitions."""
+    AWS environment; workers run this interpreter, with a node cache of their own (as on another node: the
+    driver's cleanup cannot reach their staging directories); no UI; few shuffle partitions."""
     from pyspark.sql import SparkSession
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -54,6 +56,7 @@ def spark(s3_server: Any) -> Iterator[Any]:
         .config("spark.sql.adaptive.coalescePartitions.enabled", "false")  # else a small sort lands in one partition
         .config("spark.driver.memory", "1g")
         .config("spark.python.daemon.module", "tests.helpers_spark_daemon")
+        .config("spark.executorEnv.VARSTORE_CACHE_DIR", str(tmp_path_factory.mktemp("executor-node-cache")))
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("FATAL")  # failed attempts are planned here; their stack traces are noise
@@ -216,6 +219,49 @@ def test_a_failed_job_commits_nothing_and_keeps_the_previous_dataset(spark: Any,
     assert read_verified(destination) == PAYLOADS[:50]
     assert local_files(destination) == listed_files(previous), "the failed run left shards behind"
 
+
+
+def wait_for(condition: Any, seconds: float = 30.0) -> bool:
+    """Poll `condition` until it holds (True) or `seconds` pass (False)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_a_failed_job_is_abandoned_only_after_its_other_tasks_end(spark: Any, s3_server: Any) -> None:
+    """Partition 1 fails (both attempts) while partition 0 is writing to S3; partition 0 then waits until its
+    uploaded shards disappear (or 10 s pass) and writes on, uploading more. Abandoning the run as soon as the
+    job fails would leave those; the driver must wait for partition 0's task to end. (A local destination
+    does not show it: abandoning removes a late task's staging directory, so it fails and cleans up itself;
+    nor does a shared node cache, for the same reason: the fixture gives the executors their own.)"""
+    from pyspark import TaskContext
+    from pyspark.errors import PythonException
+
+    url = f"s3://{s3_server.new_bucket()}/corpus"
+    options = s3_server.storage_options
+    marker = f"{url}-markers/partition-0-published"
+
+    def record(row: dict[str, Any]) -> bytes:
+        context = TaskContext.get()
+        fs, _ = open_filesystem(url, options)
+        if context.partitionId() == 1:
+            if not wait_for(lambda: fs.exists(marker)):
+                raise PlantedFailure("partition 0 uploaded no shard in time")
+            raise PlantedFailure("partition 1 fails in every attempt")
+        if context.partitionId() == 0 and row["id"] == 150:
+            published = [name for name in bucket_files(url, options) if name.endswith(".index")]
+            assert published, "partition 0 had uploaded no shard after 150 records"
+            fs.pipe_file(marker, b"published")
+            wait_for(lambda: not set(published) <= bucket_files(url, options), seconds=10.0)  # abandoned under it?
+        return row["payload"]
+
+    with pytest.raises(PythonException, match="every attempt"):
+        write_dataframe(payload_frame(spark), url, record=record, max_shard_bytes=SHARD_BYTES, storage_options=options)
+
+    assert bucket_files(url, options) == set(), "a task that outlived the failed job left shards behind"
 
 
 def test_overwrite_rerun_gives_the_same_dataset_and_removes_the_replaced_shards(spark: Any, tmp_path: Path) -> None:

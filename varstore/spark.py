@@ -21,6 +21,8 @@ from __future__ import annotations
 import functools
 import json
 import os
+import time
+from types import SimpleNamespace
 from typing import Any, Callable, Iterator, Sequence
 
 try:
@@ -37,6 +39,13 @@ from .parts import PartWriter, abandon_run, commit_parts, new_run_id
 from .remote.filesystems import is_url, open_filesystem
 
 __all__ = ["write_dataframe"]
+
+# The local properties SparkContext.setJobGroup sets; restored after the job.
+_JOB_GROUP_PROPERTIES = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
+# How long the driver waits for a job's remaining tasks (killed, or speculative copies) to end before it
+# commits or abandons the run; a task still running after that may leave part-RUN-* files no manifest lists.
+_TASK_END_TIMEOUT = 60.0
+_NO_JOB = SimpleNamespace(stageIds=())
 
 # One row per task: which partition, which attempt, and its shards' manifest entries as a JSON list.
 _RESULT_SCHEMA = "part int, attempt long, entries string"
@@ -86,7 +95,7 @@ def write_dataframe(
         record=record,
     )
     try:
-        parts = _entries_in_part_order(df.mapInPandas(write_partition, schema=_RESULT_SCHEMA).collect())
+        parts = _entries_in_part_order(_run_job(df.mapInPandas(write_partition, schema=_RESULT_SCHEMA), run_id, destination))
     except BaseException:
         abandon_run(destination, run_id, storage_options=storage_options)
         raise
@@ -98,6 +107,36 @@ def write_dataframe(
     except (ShardExistsError, FormatError):  # refused before its manifest: nothing of this run is listed
         abandon_run(destination, run_id, storage_options=storage_options)
         raise
+
+
+def _run_job(results: DataFrame, run_id: str, destination: str) -> list[Any]:
+    """Collect the tasks' result rows, in a job group of this run's own; return (or raise) only once no task of
+    the job is still running, so that the commit or `abandon_run` that follows sees every file they write.
+    (A failed job's other tasks are killed asynchronously and a successful job's speculative copies too.)"""
+    try:
+        context = results.sparkSession.sparkContext
+    except Exception:  # Spark Connect has no SparkContext: nothing to wait on from here
+        return results.collect()
+    previous = {key: context.getLocalProperty(key) for key in _JOB_GROUP_PROPERTIES}
+    group = f"varstore-{run_id}"
+    context.setJobGroup(group, f"varstore.spark.write_dataframe to {destination}")
+    try:
+        return results.collect()
+    finally:
+        for key, value in previous.items():
+            context.setLocalProperty(key, value)  # type: ignore[arg-type]  # None removes it
+        _wait_for_tasks_to_end(context, group)
+
+
+def _wait_for_tasks_to_end(context: Any, group: str, timeout: float = _TASK_END_TIMEOUT) -> None:
+    """Poll Spark's status tracker until the stages of `group`'s jobs have no running task (at most `timeout` s)."""
+    tracker = context.statusTracker()
+    stages = {stage for job in tracker.getJobIdsForGroup(group) for stage in (tracker.getJobInfo(job) or _NO_JOB).stageIds}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(info.numActiveTasks for info in map(tracker.getStageInfo, stages) if info is not None):
+            return
+        time.sleep(0.05)
 
 
 def _refuse_existing_dataset(destination: str, storage_options: dict[str, Any] | None) -> None:
