@@ -112,6 +112,8 @@ def test_a_dataset_is_replaced_only_with_overwrite_and_its_shards_are_removed_th
     commit_parts(destination, entries, run_id=second_run, overwrite=True)
     assert list(varstore.open(destination)) == PARTS[2]
     assert shard_files(destination) == listed_files(destination)
+    abandon_run(destination, second_run)  # a driver failing after its commit: the committed shards stay
+    assert list(varstore.open(destination)) == PARTS[2]
 
 
 @pytest.mark.parametrize("tamper", ["file replaced", "entry of another part", "entry edited", "extra member"])

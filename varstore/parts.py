@@ -27,6 +27,7 @@ import os
 import re
 import secrets
 import shutil
+import warnings
 from typing import Any, Sequence
 
 from . import format as fmt
@@ -224,16 +225,19 @@ def commit_parts(
 
 
 def abandon_run(destination: str | os.PathLike[str], run_id: str, storage_options: dict[str, Any] | None = None) -> None:
-    """Remove every ``part-RUN-*`` file or object of run `run_id` at `destination` (the driver failed)."""
-    storage = None
+    """Remove every ``part-RUN-*`` file or object of run `run_id` at `destination` (the driver failed), but for
+    those the live manifest lists: a commit that failed after its manifest was written stands."""
     if is_url(destination):
         path = str(destination).rstrip("/")
         fs, root = open_filesystem(path, storage_options)
-        storage = (fs, root.rstrip("/"))
+        root = root.rstrip("/")
         _remove_node_staging(path, run_id, storage_options)
-    else:
-        path = os.path.abspath(os.fspath(destination))
-    _remove_leftovers(path, run_id, [], None, storage)
+        live = _remote_manifest(fs, root, path, replacing=True)
+        _remove_leftovers(path, run_id, live.shards if live is not None else [], None, (fs, root))
+        return
+    path = os.path.abspath(os.fspath(destination))
+    live = _local_manifest(path, replacing=True)
+    _remove_leftovers(path, run_id, live.shards if live is not None else [], None, None)
 
 
 def _remove_node_staging(url: str, run_id: str, storage_options: dict[str, Any] | None) -> None:
@@ -255,11 +259,11 @@ def _listed_entry(item: Any, run_id: str, part: int) -> ShardEntry:
     return ShardEntry(**item)  # values are checked with the whole manifest (checked_manifest_bytes)
 
 
-def _local_manifest(directory: str, overwrite: bool) -> Manifest | None:
-    """The dataset committed in `directory` (None if none, or damaged: its shards are then unknown)."""
+def _local_manifest(directory: str, replacing: bool) -> Manifest | None:
+    """The dataset committed in `directory` (None if none, or damaged: its shards are then unknown), refused unless `replacing`."""
     if not os.path.lexists(os.path.join(directory, MANIFEST_NAME)):
         return None
-    if not overwrite:
+    if not replacing:
         raise ShardExistsError("a dataset already exists here; pass overwrite=True to replace it", path=directory)
     try:
         return read_manifest(directory)
@@ -267,14 +271,14 @@ def _local_manifest(directory: str, overwrite: bool) -> Manifest | None:
         return None
 
 
-def _remote_manifest(fs: Any, root: str, url: str, overwrite: bool) -> Manifest | None:
-    """The dataset committed at `url` (None if none, or damaged), refused without `overwrite`."""
+def _remote_manifest(fs: Any, root: str, url: str, replacing: bool) -> Manifest | None:
+    """The dataset committed at `url` (None if none, or damaged), refused unless `replacing`."""
     manifest_url = f"{url}/{MANIFEST_NAME}"
     try:
         raw = read_object(fs, f"{root}/{MANIFEST_NAME}", url=manifest_url, max_size=MAX_MANIFEST_SIZE)
     except MissingFileError:
         return None
-    if not overwrite:
+    if not replacing:
         raise ShardExistsError("a dataset already exists here; pass overwrite=True to replace it", path=url)
     try:
         return decode_manifest(raw, path=manifest_url)
@@ -361,3 +365,5 @@ def _remove_shards(path: str, names: Sequence[str], storage: tuple[Any, str] | N
                 with_retries(lambda: fs.rm_file(f"{root}/{object_name}"), what="deleting an object", url=f"{path}/{object_name}")
             except MissingFileError:
                 continue
+            except StorageError as error:  # what is left is listed by no manifest
+                warnings.warn(f"{error}; the object is left behind, unreferenced", stacklevel=2)
