@@ -40,6 +40,9 @@ from tests.helpers_fault_proxy import FaultProxy, fault_proxy  # noqa: F401 - fa
 
 pytest.importorskip("s3fs")
 
+# A node cache too small for any dataset here: records are always read by ranges, never from a copy of a
+# whole shard (what these tests are about: a copy would serve the old version, rightly, without an error).
+RANGES_ONLY = 1
 DEADLINE_SECONDS = 30.0
 
 
@@ -423,7 +426,7 @@ def test_dataset_overwritten_under_an_open_reader_is_replaced_never_new_records_
     raises DatasetReplacedError or (none here can) returns old records."""
     url = upload(s3_server, old_and_new["old"], old_and_new["url"])
     old = varstore.open(str(old_and_new["old"]))
-    readers = [varstore.open(url, storage_options=old_and_new["options"]) for _ in range(6)]
+    readers = [varstore.open(url, storage_options=old_and_new["options"], cache_limit=RANGES_ONLY) for _ in range(6)]
     for reader in readers:
         assert reader[0] == old[0]
     upload(s3_server, old_and_new["new"], url)
@@ -442,7 +445,7 @@ def test_dataset_overwritten_under_an_open_reader_is_replaced_never_new_records_
 
 def test_old_objects_deleted_under_an_open_reader_give_dataset_replaced(s3_server: Any, old_and_new: dict[str, Any]) -> None:
     url = upload(s3_server, old_and_new["old"], old_and_new["url"])
-    reader = varstore.open(url, storage_options=old_and_new["options"])
+    reader = varstore.open(url, storage_options=old_and_new["options"], cache_limit=RANGES_ONLY)
     assert reader[0] == varstore.open(str(old_and_new["old"]))[0]
     for name in os.listdir(old_and_new["old"]):
         remove_object(s3_server, f"{url}/{name}")
@@ -502,8 +505,8 @@ def test_record_object_rewritten_in_place_with_the_same_size_is_caught_by_record
     new = write_local(tmp_path / "new", [f"new {n:04d}" for n in range(40)], shard_records=20)
     assert (old / "shard-000000.data").stat().st_size == (new / "shard-000000.data").stat().st_size
     url = upload(s3_server, old, f"s3://{s3_server.new_bucket()}/ds")
-    reader = varstore.open(url, storage_options=s3_server.storage_options)
-    shard = varstore.open(f"{url}/shard-000000", storage_options=s3_server.storage_options)
+    reader = varstore.open(url, storage_options=s3_server.storage_options, cache_limit=RANGES_ONLY)
+    shard = varstore.open(f"{url}/shard-000000", storage_options=s3_server.storage_options, cache_limit=RANGES_ONLY)
     assert reader[0] == shard[0] == "old 0000"
     put_object(s3_server, f"{url}/shard-000000.data", (new / "shard-000000.data").read_bytes())
     for read in (lambda: reader[1], lambda: reader.get_batch([2, 3]), lambda: shard[1], lambda: shard.get_batch_flat([4])):
@@ -615,3 +618,43 @@ def test_a_remote_batch_reads_every_shard_it_touches_at_once(tmp_path, monkeypat
     monkeypatch.setattr(varstore.RemoteShard, "get_batch", get_batch_at_the_barrier)
     batch = [25, 3, 14, 0, 29]
     assert remote.get_batch(batch) == [f"record {index}" for index in batch]
+
+
+def _whole_data_gets(s3_server: Any, bucket: str) -> dict[str, int]:
+    """GETs without a Range header of each data object: downloads of the whole object."""
+    counts: dict[str, int] = {}
+    for request in s3_server.requests(bucket, method="GET"):
+        if request.key.endswith(fmt.DATA_SUFFIX) and request.range is None:
+            counts[request.key] = counts.get(request.key, 0) + 1
+    return counts
+
+
+def _shuffled_epoch(reader: Any, batch: int = 16, seed: int = 0) -> list[Any]:
+    order = np.random.default_rng(seed).permutation(len(reader))
+    return [record for start in range(0, len(order), batch) for record in reader.get_batch(order[start : start + batch])]
+
+
+def test_a_shuffled_epoch_fetches_each_shard_whole_once_when_the_cache_can_hold_the_dataset(s3_server, tmp_path):
+    """Past a sixteenth of a shard read by ranges, its data object comes whole into the node cache, once, in the
+    background; the records are right throughout."""
+    records = [f"{index:05d}" * 40 for index in range(400)]
+    url = upload(s3_server, write_local(tmp_path / "local", records, shard_records=100), f"s3://{s3_server.new_bucket()}/ds")
+    bucket = url.split("/")[2]
+    reader = varstore.open(url, storage_options=s3_server.storage_options, cache_dir=tmp_path / "cache")
+    assert _shuffled_epoch(reader) == [records[index] for index in np.random.default_rng(0).permutation(400)]
+    wait_until(lambda: len(_whole_data_gets(s3_server, bucket)) == 4, "every shard fetched whole")
+    assert _shuffled_epoch(reader, seed=1) == [records[index] for index in np.random.default_rng(1).permutation(400)]
+    assert set(_whole_data_gets(s3_server, bucket).values()) == {1}
+
+
+def test_reads_stay_ranged_when_the_dataset_is_larger_than_the_cache_limit_and_a_few_reads_fetch_no_shard(s3_server, tmp_path):
+    records = [f"{index:05d}" * 40 for index in range(400)]
+    url = upload(s3_server, write_local(tmp_path / "local", records, shard_records=100), f"s3://{s3_server.new_bucket()}/ds")
+    bucket = url.split("/")[2]
+    data_size = sum(len(record.encode()) for record in records)
+    small = varstore.open(url, storage_options=s3_server.storage_options, cache_dir=tmp_path / "small", cache_limit=data_size - 1)
+    assert not small.fits_in_cache
+    assert _shuffled_epoch(small) == [records[index] for index in np.random.default_rng(0).permutation(400)]
+    roomy = varstore.open(url, storage_options=s3_server.storage_options, cache_dir=tmp_path / "roomy")
+    assert roomy.fits_in_cache and roomy.get_batch([3, 250, 399]) == [records[3], records[250], records[399]]
+    assert _whole_data_gets(s3_server, bucket) == {}

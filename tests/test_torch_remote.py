@@ -29,6 +29,9 @@ from varstore.remote.filesystems import open_filesystem  # noqa: E402
 from varstore.torch import RecordDataset, RecordStream, TokenWindowDataset  # noqa: E402
 from varstore.torch.prefetch import SHARDS_AHEAD, Prefetcher  # noqa: E402
 
+# A node cache too small for any dataset here: reads stay ranged (no shard fetched whole) and a shuffled
+# RecordStream reads windows by ranges, the modes of a dataset larger than the cache.
+RANGES_ONLY = 1
 SHARD_RECORDS = 40
 SHARDS = 6
 PREFETCH_THREAD = "varstore-prefetch"
@@ -160,7 +163,7 @@ def test_datasets_pickle_a_url_as_given_with_its_options(tmp_path: Any) -> None:
 def test_a_shuffled_batch_costs_one_ranged_get_per_shard_it_touches(s3_server: Any, tmp_path: Any) -> None:
     bucket = s3_server.new_bucket()
     _write_bytes(f"s3://{bucket}/data", storage_options=s3_server.storage_options)
-    dataset = RecordDataset(f"s3://{bucket}/data", storage_options=s3_server.storage_options, cache_dir=str(tmp_path / "cache"))
+    dataset = RecordDataset(f"s3://{bucket}/data", storage_options=s3_server.storage_options, cache_dir=str(tmp_path / "cache"), cache_limit=RANGES_ONLY)
     keys = _data_keys(bucket, "data")
     indices = np.array([5, 201, 17, 90, 33, 215, 2])  # shards 0, 5, 0, 2, 0, 5, 0: every shard's data is < 64 KiB
     dataset.__getitems__(indices)  # opens the shards it touches (their index, and the data object's edges)
@@ -337,7 +340,7 @@ def test_a_shuffled_remote_epoch_reads_each_block_with_one_ranged_get_and_each_b
     _write_bytes(str(tmp_path / "local"))
     settings = {**settings, "batch_size": 10, "seed": 4, "collate_fn": list}
     local = RecordStream(str(tmp_path / "local"), **settings)
-    stream = RecordStream(url, storage_options=s3_server.storage_options, cache_dir=str(tmp_path / "cache"), **settings)
+    stream = RecordStream(url, storage_options=s3_server.storage_options, cache_dir=str(tmp_path / "cache"), cache_limit=RANGES_ONLY, **settings)
     if resume_after:
         state = local.state_dict(samples_consumed=resume_after * local.batch_size)
         local.load_state_dict(state)
@@ -381,7 +384,7 @@ def test_each_worker_of_a_shuffled_remote_stream_reads_the_span_of_its_records_i
     _write_bytes(str(tmp_path / "local"))
     settings = {"batch_size": 8, "block_size": 20, "shuffle_window": 80, "seed": 8, "collate_fn": list}
     expected = [[bytes(sample.numpy()) for sample in batch] for batch in RecordStream(str(tmp_path / "local"), **settings)]
-    stream = RecordStream(url, storage_options=s3_server.storage_options, cache_dir=str(tmp_path / "cache"), **settings)
+    stream = RecordStream(url, storage_options=s3_server.storage_options, cache_dir=str(tmp_path / "cache"), cache_limit=RANGES_ONLY, **settings)
     reader = stream._dataset.reader
     for position in range(SHARDS):
         reader.shard(position)
@@ -437,7 +440,7 @@ def test_a_failed_window_read_is_raised_by_the_first_batch_of_that_window(tmp_pa
     expected = [[bytes(sample.numpy()) for sample in batch] for batch in RecordStream(str(tmp_path / "local"), **settings)]
     records = [_record_index(record) for batch in expected for record in batch]
     damaged_window = min(position // 32 for position, record in enumerate(records) if record // SHARD_RECORDS == 3)
-    stream = RecordStream(url, cache_dir=str(tmp_path / "cache"), **settings)
+    stream = RecordStream(url, cache_dir=str(tmp_path / "cache"), cache_limit=RANGES_ONLY, **settings)
     shard_name = stream._dataset.reader.manifest.shards[3].name
     open_filesystem(url)[0].rm(f"/torch-window-error/data/{shard_name}.data")
     batches = iter(stream)
@@ -463,7 +466,7 @@ def test_a_damaged_record_in_a_shuffled_remote_stream_is_raised_or_skipped_alone
     data[int(reader.shard(2).offsets[20]) + 7] ^= 1
     fs.pipe_file(data_path, bytes(data))
     settings = {"batch_size": 16, "block_size": 8, "shuffle_window": 64, "seed": 1, "collate_fn": list}
-    settings["cache_dir"] = str(tmp_path / "cache")
+    settings.update(cache_dir=str(tmp_path / "cache"), cache_limit=RANGES_ONLY)
 
     with pytest.raises(CorruptRecordError) as raised:
         list(RecordStream(url, **settings))

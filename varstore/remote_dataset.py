@@ -25,7 +25,7 @@ from .manifest import (
 )
 from .remote.filesystems import list_sizes, read_heads, read_object, with_retries
 from .remote.location import RemoteLocation
-from .remote_shard import ReplacedCheck, RemoteShard
+from .remote_shard import RemoteShard, ReplacedCheck, fetch_whole_after
 
 
 class RemoteDatasetSource:
@@ -77,14 +77,19 @@ class RemoteDatasetSource:
                 damaged[position] = error
         return damaged
 
-    def open_shard(self, entry: ShardEntry, codec: Codec, *, verify_reads: bool, replaced_check: ReplacedCheck) -> RemoteShard:
-        """The shard `entry` names, its index fetched into the node cache and checked against the entry."""
+    def open_shard(
+        self, manifest: Manifest, entry: ShardEntry, codec: Codec, *, verify_reads: bool, replaced_check: ReplacedCheck, whole: bool
+    ) -> RemoteShard:
+        """The shard `entry` names, its index fetched into the node cache and checked against the entry; with
+        `whole`, its data object too (verified against the entry's data CRC32C)."""
         shard = RemoteShard.open_listed(
             self.location.at(entry.name),
             sizes=(entry.data_size, entry.index_size),
             index_crc32c=entry.index_crc32c,
             verify_reads=verify_reads,
             replaced_check=lambda: self._check_replaced_if_reachable(replaced_check),
+            fetch_whole_after=fetch_whole_after(entry.data_size, _data_size(manifest), self.location.cache.limit_bytes),
+            whole_data_crc32c=entry.data_crc32c if whole else None,
         )
         try:
             check_header_against_entry(shard.header, entry, codec, shard.index_path)
@@ -110,9 +115,18 @@ class RemoteDatasetSource:
         """Bring the shard's whole data object into the node cache; its reads then use the local copy."""
         shard.fetch_data()
 
+    def fits_in_cache(self, manifest: Manifest) -> bool:
+        """Whether the node cache's limit leaves room for every shard's data (always, with no limit)."""
+        limit = self.location.cache.limit_bytes
+        return limit is None or _data_size(manifest) <= limit
+
     def state(self) -> dict[str, Any]:
         """The options `dataset_source` takes to reach this dataset again from its URL."""
         return self.location.options()
+
+
+def _data_size(manifest: Manifest) -> int:
+    return sum(entry.data_size for entry in manifest.shards)
 
 
 def _size_problem(location: RemoteLocation, entry: ShardEntry, sizes: dict[str, int]) -> VarstoreError | None:

@@ -5,7 +5,9 @@ mapped, so offsets cost nothing; records come by ranged reads of the data object
 merged and fetched concurrently. Every record read from the network is checked against its stored CRC32C
 (when the shard has them, as varstore writes by default), because an object can be replaced under a reader
 and a network can lie. `fetch_data` brings the whole data object into the cache (streaming, `verify`);
-reads then slice the local map instead.
+reads then slice the local map instead. When the node cache can hold the whole dataset, a shard read by
+ranges past a sixteenth of its bytes is fetched whole in the background (`fetch_whole_after`), so a
+training run downloads each byte about once per node while a few reads never download a shard.
 
 Request cost, nothing cached: opening a shard alone is two HEADs, one GET of its header, one of the index
 and one or two of the data file's first and last 4 KiB (a shard of a dataset skips the HEADs and the
@@ -15,15 +17,26 @@ per span of records within 64 KiB of each other, all at once.
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
 from . import format as fmt
 from .checksum import crc32c
-from .errors import ClosedError, CorruptRecordError, FormatError, MissingFileError, RecordTypeError, StorageError
+from .errors import (
+    ClosedError,
+    CorruptRecordError,
+    FormatError,
+    MissingFileError,
+    RecordTypeError,
+    StorageError,
+    VarstoreError,
+)
 from .reader import FlatBatch, check_indices, decode_records, pack_flat, record_buffer
 from .reader_base import ReaderBase, replaced_error
 from .remote.filesystems import download_file, read_range, read_ranges, with_retries
@@ -33,6 +46,9 @@ from .shard_index import ShardIndex, map_file
 # A scan (iteration, slices) fetches records in requests of about this many bytes.
 _SCAN_BYTES = 8 << 20
 _FETCH_ATTEMPTS = 3
+_FETCH_WHOLE_FRACTION = 16  # a shard read by ranges past 1/16 of its bytes is fetched whole (see fetch_whole_after)
+_BACKGROUND_FETCHES = 2  # data objects fetched whole at once in the background, per process
+_log = logging.getLogger("varstore.remote")
 
 # Called when an object is missing or unreadable or a record fails its checksum: raises `DatasetReplacedError`
 # if the dataset holding the shard was replaced meanwhile (else returns, and the read's own error stands).
@@ -73,15 +89,20 @@ class RemoteShard(ReaderBase):
         index_crc32c: int,
         verify_reads: bool,
         replaced_check: ReplacedCheck,
+        fetch_whole_after: int | None,
+        whole_data_crc32c: int | None = None,
     ) -> RemoteShard:
         """The shard at `location` whose (data, index) sizes and index CRC32C a manifest lists: no request
-        for what the manifest already says."""
+        for what the manifest already says. `fetch_whole_after`: see `_note_ranged_read`. With
+        `whole_data_crc32c` (the manifest's data CRC32C) the data object is fetched whole first, and the
+        open's checks read the local copy."""
         shard = cls.__new__(cls)
         shard.path = location.url
         shard.verify_reads = verify_reads
         shard._location = location
         shard._replaced_check = replaced_check
-        shard._open_parts(*sizes, index_crc32c)
+        shard._fetch_whole_after = fetch_whole_after
+        shard._open_parts(*sizes, index_crc32c, whole_data_crc32c)
         return shard
 
     # -- opening -----------------------------------------------------------------------------
@@ -94,14 +115,20 @@ class RemoteShard(ReaderBase):
         index_size = _object_size(fs, index_path, index_url)
         head = read_range(fs, index_path, 0, min(fmt.HEADER_SIZE, index_size), url=index_url, size=index_size)
         header = fmt.unpack_header(head, index_size=index_size, path=index_url)
+        self._fetch_whole_after = fetch_whole_after(data_size, data_size, self._location.cache.limit_bytes)
         self._open_parts(data_size, index_size, fmt.index_crc32c(header))
 
-    def _open_parts(self, data_size: int, index_size: int, index_crc32c: int) -> None:
+    def _open_parts(self, data_size: int, index_size: int, index_crc32c: int, whole_data_crc32c: int | None = None) -> None:
         """Fetch the index (through the cache, verified against `index_crc32c`), check it as §1.3 says against
         the data object's `data_size` and its first and last 4 KiB, and map it."""
         self._data_path, self.data_path = self._location.sibling(fmt.DATA_SUFFIX)
         index_path, self.index_path = self._location.sibling(fmt.INDEX_SUFFIX)
         self._data_map: mmap.mmap | bytes | None = None
+        self._ranged_bytes = 0
+        self._whole_requested = True  # not while opening: the open's own edge reads are not the reader's
+        self._data_size = data_size
+        if whole_data_crc32c is not None:
+            self._map_whole_data(whole_data_crc32c)
         fd = self._fetch_and_open(self.index_path, index_size, index_crc32c, index_path)
         try:
             edges = fmt.edge_ranges(data_size)  # (offset, length) pairs
@@ -120,8 +147,8 @@ class RemoteShard(ReaderBase):
         self._codec = index.codec
         self.header = index.header
         self._count = index.count
-        self._data_size = data_size
         self._closed = False
+        self._whole_requested, self._ranged_bytes = self._data_map is not None, 0
 
     # -- description -------------------------------------------------------------------------
 
@@ -141,6 +168,11 @@ class RemoteShard(ReaderBase):
         """Every record's payload size in bytes (from the index alone: no data is read)."""
         self._check_open()
         return self._index.record_sizes()
+
+    @property
+    def fits_in_cache(self) -> bool:
+        """Whether the node cache's limit leaves room for the whole data object (always, with no limit)."""
+        return self._fetch_whole_after is not None
 
     def __len__(self) -> int:
         return self._count
@@ -241,10 +273,32 @@ class RemoteShard(ReaderBase):
             return [data_map[start:end] for start, end in ranges]
         fs, _ = self._location.filesystem()
         try:
-            return read_ranges(fs, self._data_path, ranges, url=self.data_path, size=size)
+            pieces = read_ranges(fs, self._data_path, ranges, url=self.data_path, size=size)
         except (MissingFileError, StorageError):  # a replacing dataset's shorter object fails the ranges as well
             self._replaced_check()
             raise
+        self._note_ranged_read(sum(len(piece) for piece in pieces))
+        return pieces
+
+    def _note_ranged_read(self, size: int) -> None:
+        """Count bytes read by ranges; past `_fetch_whole_after` of them (set only when the node cache can hold
+        the whole dataset), fetch the data object whole in the background, once: a shuffled epoch then reads
+        each shard by ranges only until its copy arrives, and a few reads never download a shard."""
+        self._ranged_bytes += size
+        if self._fetch_whole_after is not None and not self._whole_requested and self._ranged_bytes >= self._fetch_whole_after:
+            self._whole_requested = True
+            _BACKGROUND.submit(self._fetch_in_background)
+
+    def _fetch_in_background(self) -> None:
+        """`fetch_data`, off the reading thread: a failure only leaves the reads on ranges (and is logged)."""
+        try:
+            self.fetch_data()
+        except ClosedError:
+            pass  # the reader was closed meanwhile: nobody needs the copy
+        except VarstoreError as error:
+            _log.warning("fetching the data object whole failed; reading it by ranges: %s", error)
+        except Exception:  # a thread pool would keep it silently in a future nobody reads
+            _log.exception("fetching the data object whole failed; reading it by ranges: %s", self.data_path)
 
     # -- whole data --------------------------------------------------------------------------
 
@@ -252,9 +306,11 @@ class RemoteShard(ReaderBase):
         """Bring the whole data object into the node cache (verified against the header's data CRC32C) and
         read it through a map from now on. Thread-safe; a second call does nothing."""
         self._check_open()
-        if self._data_map is not None:
-            return
-        fd = self._fetch_and_open(self.data_path, self._data_size, self.header.data_crc32c, self._data_path)
+        if self._data_map is None:
+            self._map_whole_data(self.header.data_crc32c)
+
+    def _map_whole_data(self, data_crc32c: int) -> None:
+        fd = self._fetch_and_open(self.data_path, self._data_size, data_crc32c, self._data_path)
         try:
             self._data_map = map_file(fd, self._data_size)
         finally:
@@ -336,6 +392,32 @@ class RemoteShard(ReaderBase):
         self._replaced_check = _while_opening
         super().__setstate__(state)
         self._replaced_check = self._raise_if_header_changed
+
+
+def fetch_whole_after(data_size: int, total_data_size: int, cache_limit: int | None) -> int | None:
+    """After how many bytes of ranged reads a shard of `data_size` bytes is fetched whole: a sixteenth of it, when
+    the node cache can hold all `total_data_size` bytes of the dataset's data; else never (None), since a
+    shuffled epoch over a dataset larger than the cache would evict and fetch shards again and again."""
+    if cache_limit is not None and total_data_size > cache_limit:
+        return None
+    return data_size // _FETCH_WHOLE_FRACTION
+
+
+class _BackgroundFetches:
+    """This process's threads fetching data objects whole (`_note_ranged_read`); made again after a fork."""
+
+    def __init__(self) -> None:
+        self._pool: tuple[int, ThreadPoolExecutor] | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, action: Callable[[], None]) -> None:
+        with self._lock:
+            if self._pool is None or self._pool[0] != os.getpid():
+                self._pool = (os.getpid(), ThreadPoolExecutor(_BACKGROUND_FETCHES, thread_name_prefix="varstore-fetch"))
+            self._pool[1].submit(action)
+
+
+_BACKGROUND = _BackgroundFetches()
 
 
 def _while_opening() -> None:

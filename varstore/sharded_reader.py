@@ -169,12 +169,19 @@ class LocalDatasetSource:
                 damaged[position] = error
         return damaged
 
-    def open_shard(self, entry: ShardEntry, codec: Codec, *, verify_reads: bool, replaced_check: Callable[[], None]) -> Reader:
+    def open_shard(
+        self, manifest: Manifest, entry: ShardEntry, codec: Codec, *, verify_reads: bool, replaced_check: Callable[[], None], whole: bool
+    ) -> Reader:
         return open_listed_shard(self.directory, entry, codec, verify_reads=verify_reads)
 
     @staticmethod
     def fetch_shard(shard: Reader) -> None:
         """Nothing: a local shard's files are here."""
+
+    @staticmethod
+    def fits_in_cache(manifest: Manifest) -> bool:
+        """Always: a local dataset needs no cache."""
+        return True
 
     @staticmethod
     def state() -> None:
@@ -314,8 +321,9 @@ class ShardedReader(ReaderBase):
     def __repr__(self) -> str:
         return f"ShardedReader({self.path!r}, records={self._count}, shards={len(self.manifest.shards)}, codec={self.codec!r})"
 
-    def shard(self, position: int) -> Reader | RemoteShard:
-        """The `Reader` of shard number `position`, mapped and checked against the manifest on first use."""
+    def shard(self, position: int, *, whole: bool = False) -> Reader | RemoteShard:
+        """The `Reader` of shard number `position`, mapped and checked against the manifest on first use (for a
+        remote dataset, with `whole`, fetched whole into the node cache if this opens it)."""
         reader = self._readers.get(position)
         if reader is not None:
             return reader
@@ -324,20 +332,25 @@ class ShardedReader(ReaderBase):
                 raise ClosedError("the reader is closed", path=self.path)
             reader = self._readers.get(position)
             if reader is None:
-                reader = self._open_shard(position)
+                reader = self._open_shard(position, whole)
                 self._readers[position] = reader
                 while len(self._readers) > self._max_open:
                     # Dropped, not closed: another thread may still be reading it; freeing it unmaps it.
                     self._readers.popitem(last=False)
         return reader
 
-    def _open_shard(self, position: int) -> Reader:
+    def _open_shard(self, position: int, whole: bool) -> Reader:
         """Map shard `position`; failing, tell a dataset replaced since the open from a damaged one (quarantined if asked)."""
         if self._quarantine is not None and position in self._quarantine:
             raise FormatError(f"shard is set aside as damaged: {self._quarantine[position]}", path=self.shard_paths[position])
         try:
             return self._source.open_shard(
-                self.manifest.shards[position], self._codec, verify_reads=self.verify_reads, replaced_check=self._raise_if_replaced
+                self.manifest,
+                self.manifest.shards[position],
+                self._codec,
+                verify_reads=self.verify_reads,
+                replaced_check=self._raise_if_replaced,
+                whole=whole,
             )
         except _SHARD_ERRORS as error:
             found = self._version_on_disk()
@@ -350,7 +363,12 @@ class ShardedReader(ReaderBase):
     def fetch_shard(self, position: int) -> None:
         """Bring shard `position` whole into the node cache (a remote dataset; nothing for a local one): its
         reads then use the local copy. Thread-safe, for a prefetching thread ahead of a stream."""
-        self._source.fetch_shard(self.shard(position))
+        self._source.fetch_shard(self.shard(position, whole=True))
+
+    @property
+    def fits_in_cache(self) -> bool:
+        """Whether the node cache can hold every shard's data at once (always for a local dataset or no limit)."""
+        return self._source.fits_in_cache(self.manifest)
 
     def release_shard(self, position: int) -> None:
         """Forget shard `position`'s open reader (its maps close once no record returned from them is alive),

@@ -288,6 +288,8 @@ def _shared_cache_error(path: str) -> StorageError:
 def _download(download: Callable[[str], None], temporary: str, key: str) -> None:
     try:
         download(temporary)
+    except VarstoreError:
+        raise  # the download's own verdict (a missing object is a MissingFileError, an OSError too)
     except OSError as error:  # writing the temporary file failed (a full disk)
         raise StorageError(f"downloading failed: {error.strerror or error}; nothing was cached", path=key) from None
 

@@ -325,8 +325,11 @@ class RecordStream(IterableDataset):
         remote = reader.is_remote
         order = _EpochOrder(self, _no_prefetch if remote else reader.prefetch)
         batch_starts = range(self._start + worker_id * self.batch_size, order.count, workers * self.batch_size)
-        shards = self._shard_prefetcher(reader, worker_id, workers) if remote and not self.shuffle else None
-        windows = self._window_prefetch(reader, batch_starts, worker_id, workers) if remote and self.shuffle else None
+        # Whole shards, each downloaded once per node, unless a shuffled epoch, which needs most shards until its
+        # end, would hold more than the node cache may: then each window's blocks by ranged reads.
+        by_windows = remote and self.shuffle and not reader.fits_in_cache
+        shards = self._shard_prefetcher(reader, worker_id, workers) if remote and not by_windows else None
+        windows = self._window_prefetch(reader, batch_starts, worker_id, workers) if by_windows else None
         try:
             for number, batch_start in enumerate(batch_starts):
                 batch_stop = min(batch_start + self.batch_size, order.count)
