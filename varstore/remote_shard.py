@@ -20,8 +20,8 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import queue
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -125,7 +125,7 @@ class RemoteShard(ReaderBase):
         index_path, self.index_path = self._location.sibling(fmt.INDEX_SUFFIX)
         self._data_map: mmap.mmap | bytes | None = None
         self._ranged_bytes = 0
-        self._whole_requested = True  # not while opening: the open's own edge reads are not the reader's
+        self._whole_requested_by: int | None = os.getpid()  # not while opening: the open's own edge reads are not the reader's
         self._data_size = data_size
         if whole_data_crc32c is not None:
             self._map_whole_data(whole_data_crc32c)
@@ -148,7 +148,7 @@ class RemoteShard(ReaderBase):
         self.header = index.header
         self._count = index.count
         self._closed = False
-        self._whole_requested, self._ranged_bytes = self._data_map is not None, 0
+        self._whole_requested_by, self._ranged_bytes = None, 0
 
     # -- description -------------------------------------------------------------------------
 
@@ -282,11 +282,13 @@ class RemoteShard(ReaderBase):
 
     def _note_ranged_read(self, size: int) -> None:
         """Count bytes read by ranges; past `_fetch_whole_after` of them (set only when the node cache can hold
-        the whole dataset), fetch the data object whole in the background, once: a shuffled epoch then reads
-        each shard by ranges only until its copy arrives, and a few reads never download a shard."""
+        the whole dataset), fetch the data object whole in the background, once per process (a child forked
+        while its parent's fetch ran has no thread doing it): a shuffled epoch then reads each shard by ranges
+        only until its copy arrives, and a few reads never download a shard."""
         self._ranged_bytes += size
-        if self._fetch_whole_after is not None and not self._whole_requested and self._ranged_bytes >= self._fetch_whole_after:
-            self._whole_requested = True
+        pid = os.getpid()
+        if self._fetch_whole_after is not None and self._whole_requested_by != pid and self._ranged_bytes >= self._fetch_whole_after:
+            self._whole_requested_by = pid
             _BACKGROUND.submit(self._fetch_in_background)
 
     def _fetch_in_background(self) -> None:
@@ -404,20 +406,35 @@ def fetch_whole_after(data_size: int, total_data_size: int, cache_limit: int | N
 
 
 class _BackgroundFetches:
-    """This process's threads fetching data objects whole (`_note_ranged_read`); made again after a fork."""
+    """This process's threads fetching data objects whole (`_note_ranged_read`). They are daemons: a process
+    exits without waiting for the downloads queued or running (a whole dataset, once every shard passed its
+    sixteenth); one cut short leaves only a temporary file, as a kill does. Made again in a forked child."""
 
     def __init__(self) -> None:
-        self._pool: tuple[int, ThreadPoolExecutor] | None = None
+        self._jobs: queue.SimpleQueue[Callable[[], None]] | None = None
         self._lock = threading.Lock()
 
     def submit(self, action: Callable[[], None]) -> None:
         with self._lock:
-            if self._pool is None or self._pool[0] != os.getpid():
-                self._pool = (os.getpid(), ThreadPoolExecutor(_BACKGROUND_FETCHES, thread_name_prefix="varstore-fetch"))
-            self._pool[1].submit(action)
+            if self._jobs is None:
+                self._jobs = queue.SimpleQueue()
+                for number in range(_BACKGROUND_FETCHES):
+                    threading.Thread(target=_run_jobs, args=(self._jobs,), name=f"varstore-fetch-{number}", daemon=True).start()
+            self._jobs.put(action)
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: the parent's threads are not here, and its lock may have been held at the fork."""
+        self._jobs = None
+        self._lock = threading.Lock()
+
+
+def _run_jobs(jobs: queue.SimpleQueue[Callable[[], None]]) -> None:
+    while True:
+        jobs.get()()  # `_fetch_in_background`, which raises nothing
 
 
 _BACKGROUND = _BackgroundFetches()
+os.register_at_fork(after_in_child=_BACKGROUND.forget_after_fork)
 
 
 def _while_opening() -> None:

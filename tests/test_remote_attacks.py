@@ -1,0 +1,86 @@
+"""Attacks on the newest remote paths (issue 12): the background whole-shard fetch of `RemoteShard` at process
+exit and across fork, the node cache's notion of a dataset that fits, a damaged data object under a stream.
+memory:// for speed; child processes where exit or fork is the point."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fsspec")
+
+CHILD_SECONDS = 60
+
+
+def run_child(script: str, cache: Path) -> subprocess.CompletedProcess[str]:
+    """Run `script` in a fresh interpreter with the node cache at `cache`; a hang is a failure, not a stuck test."""
+    try:
+        return subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(script), str(cache)],
+            capture_output=True, text=True, timeout=CHILD_SECONDS, cwd=os.getcwd(),
+        )
+    except subprocess.TimeoutExpired as expired:
+        pytest.fail(f"the child did not end within {CHILD_SECONDS} s; its output: {expired.stdout!r} {expired.stderr!r}")
+
+
+# A dataset of 4 shards, and a download of any data object that stalls until `release` is set (a slow link).
+STALLING_DATASET = """
+    import sys, threading
+    import varstore
+    import varstore.remote_shard as remote_shard
+
+    url = "memory://attacks/" + str(abs(hash(sys.argv[1])))
+    with varstore.ShardedWriter(url, "bytes", max_shard_records=100, overwrite=True) as writer:
+        for _ in range(400):
+            writer.append(bytes(1000))
+    release = threading.Event()
+    real_download = remote_shard.download_file
+
+    def stalling_download(fs, path, temporary, *, url):
+        if url.endswith(".data"):
+            release.wait()
+        return real_download(fs, path, temporary, url=url)
+
+    remote_shard.download_file = stalling_download
+    reader = varstore.open(url, cache_dir=sys.argv[1])
+"""
+
+
+def test_process_exits_without_waiting_for_background_whole_shard_fetches(tmp_path: Path) -> None:
+    """A few batches queue every shard's whole fetch; the process must end when its work does, not after the
+    downloads (here they never finish)."""
+    result = run_child(STALLING_DATASET + """
+    assert len(reader.get_batch(list(range(0, 400, 5)))) == 80  # past a sixteenth of every shard
+    print("read", flush=True)
+    """, tmp_path / "cache")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "read\n"
+
+
+def test_forked_child_fetches_a_shard_whose_parent_fetch_was_in_flight(tmp_path: Path) -> None:
+    """A DataLoader fork worker inherits shards whose whole fetch the parent's thread was running: the child
+    has no such thread, so it must ask for the copy itself (it then waits for the parent's download) instead of
+    reading by ranges for ever."""
+    result = run_child(STALLING_DATASET + """
+    import os, time
+    reader.get_batch(list(range(0, 100, 5)))  # past a sixteenth of shard 0: its fetch starts, and stalls
+    pid = os.fork()
+    if pid == 0:
+        remote_shard.download_file = real_download
+        shard = reader.shard(0)
+        shard.get_batch([1])
+        deadline = time.monotonic() + 30
+        while shard._data_map is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os._exit(0 if shard._data_map is not None else 3)
+    release.set()  # the parent's download goes on and publishes the copy the child waits for
+    _, status = os.waitpid(pid, 0)
+    print("child", os.waitstatus_to_exitcode(status), flush=True)
+    """, tmp_path / "cache")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "child 0\n"
