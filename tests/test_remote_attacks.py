@@ -8,9 +8,15 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
+
+import varstore
 
 pytest.importorskip("fsspec")
 
@@ -84,3 +90,47 @@ def test_forked_child_fetches_a_shard_whose_parent_fetch_was_in_flight(tmp_path:
     """, tmp_path / "cache")
     assert result.returncode == 0, result.stderr
     assert result.stdout == "child 0\n"
+
+
+def _counting_downloads(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """Downloads into the node cache, by object name."""
+    import varstore.remote_shard as remote_shard
+
+    counts: Counter[str] = Counter()
+    real_download = remote_shard.download_file
+
+    def counting_download(fs: Any, path: str, temporary: str, *, url: str) -> None:
+        counts[url.rsplit("/", 1)[-1]] += 1
+        real_download(fs, path, temporary, url=url)
+
+    monkeypatch.setattr(remote_shard, "download_file", counting_download)
+    return counts
+
+
+def _epoch_until_every_shard_is_whole(reader: Any, seed: int) -> None:
+    """Shuffled batches until every shard reads from its whole copy (the fetches run in the background)."""
+    rng = np.random.default_rng(seed)
+    deadline = time.monotonic() + CHILD_SECONDS / 2
+    while not all(reader.shard(position)._data_map is not None for position in range(len(reader.manifest.shards))):
+        assert time.monotonic() < deadline, "the shards were not fetched whole"
+        order = rng.permutation(len(reader))[:40]
+        assert reader.get_batch(order) == [bytes([index % 256]) * 500 for index in order.tolist()]
+
+
+def test_a_cache_limit_of_the_data_size_alone_does_not_fit_the_dataset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Index files live in the node cache too: with a limit of just the data objects' size, shards fetched whole
+    evicted each other and the indexes, and the readers of one node (workers) downloaded them again. The data
+    and index size fits, and then each object comes once for all readers."""
+    url = "memory://attacks/fits"
+    with varstore.ShardedWriter(url, "bytes", max_shard_records=100, overwrite=True) as writer:
+        writer.extend(bytes([index % 256]) * 500 for index in range(800))
+    shards = varstore.open(url, cache_dir=tmp_path / "peek").manifest.shards
+    data_size = sum(entry.data_size for entry in shards)
+    dataset_size = data_size + sum(entry.index_size for entry in shards)
+    assert not varstore.open(url, cache_dir=tmp_path / "data-size", cache_limit=data_size).fits_in_cache
+    counts = _counting_downloads(monkeypatch)
+    for worker in range(3):
+        reader = varstore.open(url, cache_dir=tmp_path / "dataset-size", cache_limit=dataset_size)
+        assert reader.fits_in_cache
+        _epoch_until_every_shard_is_whole(reader, seed=worker)
+    assert len(counts) == 2 * len(shards) and set(counts.values()) == {1}, counts

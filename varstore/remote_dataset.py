@@ -88,7 +88,7 @@ class RemoteDatasetSource:
             index_crc32c=entry.index_crc32c,
             verify_reads=verify_reads,
             replaced_check=lambda: self._check_replaced_if_reachable(replaced_check),
-            fetch_whole_after=fetch_whole_after(entry.data_size, _data_size(manifest), self.location.cache.limit_bytes),
+            fetch_whole_after=fetch_whole_after(entry.data_size, _cached_size(manifest), self.location.cache.limit_bytes),
             whole_data_crc32c=entry.data_crc32c if whole else None,
         )
         try:
@@ -116,17 +116,20 @@ class RemoteDatasetSource:
         shard.fetch_data()
 
     def fits_in_cache(self, manifest: Manifest) -> bool:
-        """Whether the node cache's limit leaves room for every shard's data (always, with no limit)."""
+        """Whether the node cache's limit leaves room for every shard's data and index objects (always, with no
+        limit)."""
         limit = self.location.cache.limit_bytes
-        return limit is None or _data_size(manifest) <= limit
+        return limit is None or _cached_size(manifest) <= limit
 
     def state(self) -> dict[str, Any]:
         """The options `dataset_source` takes to reach this dataset again from its URL."""
         return self.location.options()
 
 
-def _data_size(manifest: Manifest) -> int:
-    return sum(entry.data_size for entry in manifest.shards)
+def _cached_size(manifest: Manifest) -> int:
+    """The bytes the node cache holds once every object of the dataset is in it: index files are cached too, so a
+    limit of just the data's size would evict, and download again, while a shuffled epoch fetches shards whole."""
+    return sum(entry.data_size + entry.index_size for entry in manifest.shards)
 
 
 def _size_problem(location: RemoteLocation, entry: ShardEntry, sizes: dict[str, int]) -> VarstoreError | None:

@@ -115,7 +115,7 @@ class RemoteShard(ReaderBase):
         index_size = _object_size(fs, index_path, index_url)
         head = read_range(fs, index_path, 0, min(fmt.HEADER_SIZE, index_size), url=index_url, size=index_size)
         header = fmt.unpack_header(head, index_size=index_size, path=index_url)
-        self._fetch_whole_after = fetch_whole_after(data_size, data_size, self._location.cache.limit_bytes)
+        self._fetch_whole_after = fetch_whole_after(data_size, data_size + index_size, self._location.cache.limit_bytes)
         self._open_parts(data_size, index_size, fmt.index_crc32c(header))
 
     def _open_parts(self, data_size: int, index_size: int, index_crc32c: int, whole_data_crc32c: int | None = None) -> None:
@@ -396,11 +396,11 @@ class RemoteShard(ReaderBase):
         self._replaced_check = self._raise_if_header_changed
 
 
-def fetch_whole_after(data_size: int, total_data_size: int, cache_limit: int | None) -> int | None:
+def fetch_whole_after(data_size: int, dataset_size: int, cache_limit: int | None) -> int | None:
     """After how many bytes of ranged reads a shard of `data_size` bytes is fetched whole: a sixteenth of it, when
-    the node cache can hold all `total_data_size` bytes of the dataset's data; else never (None), since a
-    shuffled epoch over a dataset larger than the cache would evict and fetch shards again and again."""
-    if cache_limit is not None and total_data_size > cache_limit:
+    the node cache can hold all `dataset_size` bytes of the dataset (its data and index objects); else never
+    (None), since a shuffled epoch over a dataset larger than the cache would evict and fetch shards again and again."""
+    if cache_limit is not None and dataset_size > cache_limit:
         return None
     return data_size // _FETCH_WHOLE_FRACTION
 
