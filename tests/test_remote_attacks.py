@@ -134,3 +134,38 @@ def test_a_cache_limit_of_the_data_size_alone_does_not_fit_the_dataset(tmp_path:
         assert reader.fits_in_cache
         _epoch_until_every_shard_is_whole(reader, seed=worker)
     assert len(counts) == 2 * len(shards) and set(counts.values()) == {1}, counts
+
+
+def _dataset_with_a_damaged_record(url: str) -> None:
+    """400 records of 1000 bytes in 4 shards; one byte of record 105 (shard 1) flipped in place: the data object
+    fails its whole CRC32C and that record its own."""
+    import fsspec
+
+    with varstore.ShardedWriter(url, "bytes", max_shard_records=100, overwrite=True) as writer:
+        writer.extend(bytes([index % 256]) * 1000 for index in range(400))
+    fs = fsspec.filesystem("memory")
+    path = url.removeprefix("memory://") + "/shard-000001.data"
+    data = bytearray(fs.cat(path))
+    data[5 * 1000 + 3] ^= 0xFF
+    fs.pipe(path, bytes(data))
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_stream_over_a_damaged_data_object_skips_the_damaged_record_only(tmp_path: Path, shuffle: bool) -> None:
+    """A stream that fetches whole shards (the dataset fits the cache) met a data object failing its CRC32C for
+    one damaged record and died with StorageError, on_damaged="skip" or not; it must read that shard by ranges
+    instead, skip record 105 and yield the other 399 (or, raising, raise CorruptRecordError for it)."""
+    torch_stream = pytest.importorskip("varstore.torch")
+    url = f"memory://attacks/damaged-{shuffle}"
+    _dataset_with_a_damaged_record(url)
+    stream = torch_stream.RecordStream(
+        url, batch_size=10, shuffle=shuffle, on_damaged="skip", cache_dir=tmp_path / "cache", collate_fn=list
+    )
+    assert sorted(bytes(record) for batch in stream for record in batch) == sorted(
+        bytes([index % 256]) * 1000 for index in range(400) if index != 105
+    )
+    assert stream.skipped_records == {f"{url}/shard-000001": 1}
+    raising = torch_stream.RecordStream(url, batch_size=10, shuffle=shuffle, cache_dir=tmp_path / "cache", collate_fn=list)
+    with pytest.raises(varstore.errors.CorruptRecordError, match="record 5 checksum"):
+        for _ in raising:
+            pass

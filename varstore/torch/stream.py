@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
 
-from ..errors import CorruptRecordError, VarstoreError
+from ..errors import CorruptRecordError, DatasetReplacedError, StorageError, VarstoreError
 from ..reader import FlatBatch
 from ..sharded_reader import ShardedReader
 from .datasets import DamagedPolicy, Output, RecordDataset
@@ -116,6 +116,19 @@ class _EpochOrder:
             offset = window * self.shuffle_window
             parts.append(self._windows[window][max(start - offset, 0) : min(stop - offset, self.shuffle_window)])
         return np.concatenate(parts)
+
+
+def _fetch_or_leave_to_ranges(fetch: Callable[[], None], shard: str) -> None:
+    """`fetch()` a shard whole; if that fails with a `StorageError` (a data object that fails its CRC32C for
+    one damaged record, or storage not answering), its records are read by ranges instead, each checked
+    against its own CRC32C: the damaged record is raised or skipped as ``on_damaged`` says, the others
+    arrive, and an outage raises from those reads."""
+    try:
+        fetch()
+    except DatasetReplacedError:
+        raise
+    except StorageError as error:
+        logger.warning("fetching shard %s whole failed; reading its records by ranges: %s", shard, error)
 
 
 def _no_prefetch(start: int, stop: int) -> None:
@@ -426,11 +439,11 @@ class RecordStream(IterableDataset):
 
             def fetch(position: int) -> None:
                 if not skipping or reader._shard_usable(position):  # a quarantined shard's records are skipped
-                    reader.fetch_shard(position)
+                    _fetch_or_leave_to_ranges(lambda: reader.fetch_shard(position), reader.shard_paths[position])
 
             return ShardPrefetcher(schedule, fetch, reader.release_shard)
         schedule = self._shard_schedule(np.array([0, len(reader)], np.int64), worker_id, workers)
-        return ShardPrefetcher(schedule, lambda _: reader.fetch_data(), lambda _: None)
+        return ShardPrefetcher(schedule, lambda _: _fetch_or_leave_to_ranges(reader.fetch_data, reader.path), lambda _: None)
 
     def _shard_schedule(self, shard_starts: np.ndarray, worker_id: int, workers: int) -> ShardSchedule:
         """The first and last of this worker's batches (numbered from 0) that read each shard, computed a
