@@ -169,3 +169,22 @@ def test_a_stream_over_a_damaged_data_object_skips_the_damaged_record_only(tmp_p
     with pytest.raises(varstore.errors.CorruptRecordError, match="record 5 checksum"):
         for _ in raising:
             pass
+
+
+def test_a_writer_never_replaces_a_shard_another_writer_committed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two writers of one URL whose staging directories differ (VARSTORE_CACHE_DIR), so the node's staging lock
+    cannot see them: B (overwrite=True) numbers its shards after A's uploaded ones and commits; A's next shard
+    has the name of B's committed one. A uploaded over it, leaving B's dataset damaged; A must stop instead."""
+    url = "memory://attacks/two-writers"
+    monkeypatch.setenv("VARSTORE_CACHE_DIR", str(tmp_path / "staging-a"))
+    first = varstore.ShardedWriter(url, "bytes", max_shard_records=10)
+    first.extend([b"a"] * 25)  # shard-000000 and shard-000001 uploaded, shard-000002 in progress
+    monkeypatch.setenv("VARSTORE_CACHE_DIR", str(tmp_path / "staging-b"))
+    with varstore.ShardedWriter(url, "bytes", max_shard_records=10, overwrite=True) as second:
+        second.extend([b"b"] * 5)
+    assert second.shard_names == ["shard-000002"]
+    with pytest.raises(varstore.errors.ConcurrentWriterError, match="another writer uploaded a shard under this name"):
+        first.close()
+    reader = varstore.open(url, cache_dir=tmp_path / "cache")
+    reader.verify()
+    assert list(reader) == [b"b"] * 5

@@ -252,7 +252,17 @@ class RemoteShardedWriter(ShardedWriter):
     # The commit points.
 
     def _publish_shard(self, entry: ShardEntry) -> None:
-        """Upload the shard's data then its index object, and delete the staged copy."""
+        """Upload the shard's data then its index object, and delete the staged copy. An object already under
+        its name is another writer's (this run's names come after every object listed at its start): refused,
+        rather than replacing a shard that writer may have committed."""
+        data_name = entry.name + fmt.DATA_SUFFIX
+        self._fs.invalidate_cache(self._object(data_name))
+        if with_retries(lambda: self._fs.exists(self._object(data_name)), what="looking for the shard", url=self._url(data_name)):
+            raise ConcurrentWriterError(
+                "another writer uploaded a shard under this name since this writer started: two writers are writing "
+                "this dataset (with different staging directories, or on different machines); this one stops",
+                path=self._url(data_name),
+            )
         self._uploading = entry.name
         staged = fmt.shard_paths(os.path.join(self._directory, entry.name))
         for local in staged:  # data first: an index object is only ever beside a whole data object
@@ -311,9 +321,19 @@ class RemoteShardedWriter(ShardedWriter):
         dropped = self.shard_names[self._adopted :]
         if self._uploading is not None and self._uploading not in self.shard_names:
             dropped.append(self._uploading)
+        live = self._live_names_now()
         for name in dropped:
-            self._delete_shard_objects(name)
+            if name not in live:  # another writer's committed shard under a name this one also used: never delete it
+                self._delete_shard_objects(name)
         super()._abandon_run()
+
+    def _live_names_now(self) -> set[str]:
+        """The shard names the manifest stored now lists (none if there is none or it cannot be read or decoded)."""
+        try:
+            manifest = self._live_manifest(self._read_object(MANIFEST_NAME), replacing=True)
+        except VarstoreError:
+            return set()
+        return {entry.name for entry in manifest.shards} if manifest is not None else set()
 
     # Objects.
 
