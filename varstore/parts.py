@@ -6,9 +6,10 @@ retry number), placed directly in the destination (a local directory or a URL) a
 returns the shards' manifest entries as plain JSON-able dicts, for the engine to send back to the driver.
 The driver then calls `commit_parts` with the entries of one successful attempt per part, in part order:
 it checks every listed shard against its entry, writes the manifest last (the commit point), and removes
-every ``part-RUN-*`` file or object it does not list (failed or duplicate attempts). Until that manifest
-is written readers see nothing new, so a killed driver leaves no manifest (or the previous one);
-`abandon_run` removes what a failed conversion wrote.
+every ``part-RUN-*`` file or object it does not list (failed or duplicate attempts); with ``overwrite``, the
+part shards of every run it does not list (what earlier runs, killed before or during their commit, left).
+Until that manifest is written readers see nothing new, so a killed driver leaves no manifest (or the
+previous one); `abandon_run` removes what a failed conversion wrote.
 
 A shard is written as `ShardedWriter` writes one, in a staging directory of its own (inside the destination
 for a local one, so publishing is a rename on one filesystem; in the node cache for a URL, see
@@ -16,7 +17,10 @@ for a local one, so publishing is a rename on one filesystem; in the node cache 
 a URL uploaded data object first, then index object.
 
 Cleanup assumes the attempts of a run have ended when the driver commits or abandons it: an attempt still
-writing then (a speculative duplicate, say) may leave ``part-RUN-*`` shards no manifest lists.
+writing then (a speculative duplicate, say) may leave ``part-RUN-*`` shards no manifest lists (until the next
+commit with ``overwrite`` there). Of two conversions into one destination at once, the first to commit wins:
+the other is refused at its commit, without ``overwrite`` because a dataset exists, with it because the
+first commit removed its part shards (a missing shard) instead of letting it replace the dataset.
 """
 
 from __future__ import annotations
@@ -65,6 +69,9 @@ from .sharded_writer import ShardedWriter
 from .storage import TEMP_MARK, publish, remove_quietly, sync_directory
 
 _RUN_ID = re.compile(r"[0-9a-f]{1,32}")
+# The name of any run's attempt (`part_prefix`), and of a shard of one: what a commit may remove unlisted.
+_ATTEMPT_NAME = re.compile(r"part-[0-9a-f]{1,32}-[0-9]{6,}-[0-9]+")
+_PART_SHARD_NAME = re.compile(_ATTEMPT_NAME.pattern + r"-[0-9]{6,}")
 _STAGING_SUFFIX = TEMP_MARK + "staging"
 # Bytes of each index object fetched to check it at commit: its header and, nearly always, its metadata.
 _INDEX_HEAD_BYTES = fmt.HEADER_SIZE + 4096
@@ -194,7 +201,8 @@ def commit_parts(
     Every listed shard must belong to run `run_id` and part k, and its files or objects must match its entry
     (sizes, index header, codec), else `FormatError` and no manifest. An existing dataset is replaced only
     with `overwrite` (`ShardExistsError`). The manifest is written last; then every ``part-RUN-*`` file or
-    object not listed is removed, and with `overwrite` the replaced dataset's shards.
+    object not listed is removed, and with `overwrite` the replaced dataset's shards and every other run's
+    unlisted part shards (what killed conversions left, under run ids nobody knows any more).
     """
     stored = make_codec(codec, dtype=dtype, shape=shape)
     entries = [_listed_entry(item, run_id, part) for part, items in enumerate(parts) for item in items]
@@ -207,7 +215,7 @@ def commit_parts(
         previous = _remote_manifest(fs, root, url, overwrite)
         _check_remote_shards(fs, root, url, entries, stored)
         upload_manifest_bytes(fs, f"{root}/{MANIFEST_NAME}", raw, url=f"{url}/{MANIFEST_NAME}", create_only=not overwrite)
-        _remove_leftovers(url, run_id, entries, previous, (fs, root))
+        _remove_leftovers(url, run_id, entries, previous, (fs, root), every_run=overwrite)
         _remove_node_staging(url, run_id, storage_options)
         return [entry.name for entry in entries]
     if storage_options is not None:
@@ -220,7 +228,7 @@ def commit_parts(
             _check_local_shard(directory, entry, stored)
         commit_manifest_file(directory, manifest, overwrite=overwrite)
         sync_directory(directory)
-        _remove_leftovers(directory, run_id, entries, previous, None)
+        _remove_leftovers(directory, run_id, entries, previous, None, every_run=overwrite)
     return [entry.name for entry in entries]
 
 
@@ -320,19 +328,30 @@ def _check_remote_shards(fs: Any, root: str, url: str, entries: list[ShardEntry]
 
 
 def _remove_leftovers(
-    path: str, run_id: str, listed: list[ShardEntry], previous: Manifest | None, storage: tuple[Any, str] | None
+    path: str,
+    run_id: str,
+    listed: list[ShardEntry],
+    previous: Manifest | None,
+    storage: tuple[Any, str] | None,
+    *,
+    every_run: bool = False,
 ) -> None:
-    """Remove the shards (and local staging directories) of run `run_id` not `listed`, and those of the
-    replaced dataset `previous` not listed again."""
+    """Remove the shards (and local staging directories) of run `run_id` not `listed` (of every run with
+    `every_run`: a commit, after which no unlisted part shard belongs to anything), and those of the replaced
+    dataset `previous` not listed again."""
     keep = {entry.name for entry in listed}
     prefix = f"part-{run_id}-"
+
+    def removable(name: str | None, pattern: re.Pattern[str]) -> bool:
+        return name is not None and pattern.fullmatch(name) is not None and (every_run or name.startswith(prefix))
+
     if storage is None:
         try:
             names = os.listdir(path)
         except FileNotFoundError:
             return
         for name in names:
-            if name.startswith(prefix) and name.endswith(_STAGING_SUFFIX):
+            if name.endswith(_STAGING_SUFFIX) and removable(name[: -len(_STAGING_SUFFIX)], _ATTEMPT_NAME):
                 shutil.rmtree(os.path.join(path, name), ignore_errors=True)
     else:
         fs, root = storage
@@ -340,9 +359,9 @@ def _remove_leftovers(
             names = list(list_sizes(fs, root, url=path))
         except MissingFileError:
             names = []
-    shards = {_shard_name(name) for name in names if name.startswith(prefix)}
+    shards = {shard for shard in map(_shard_name, names) if removable(shard, _PART_SHARD_NAME)}
     shards |= {entry.name for entry in previous.shards} if previous is not None else set()
-    _remove_shards(path, sorted(shards - keep - {None}), storage)
+    _remove_shards(path, sorted(shards - keep), storage)
 
 
 def _shard_name(file_name: str) -> str | None:

@@ -1,0 +1,61 @@
+"""Attacks on conversion at scale (issue 13): what killed drivers, zombie attempts, empty inputs and existing
+datasets leave behind or let through, at the level of `varstore.parts` and the engines' driver hooks."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import varstore
+from varstore import parts
+from varstore.parts import PartWriter, commit_parts, new_run_id
+
+MANIFEST = "manifest.json"
+
+
+def write_part(destination: Path, run_id: str, part: int, attempt: int, records: list[bytes]) -> list[dict[str, Any]]:
+    with PartWriter(destination, run_id=run_id, part=part, attempt=attempt, max_shard_records=2) as writer:
+        writer.extend(records)
+    return writer.close()
+
+
+def unlisted_files(directory: Path) -> set[str]:
+    """The files in `directory` that are neither the manifest, nor a shard it lists, nor the directory lock."""
+    with varstore.open(directory) as dataset:
+        listed = {entry.name + suffix for entry in dataset.manifest.shards for suffix in (".data", ".index")}
+    return set(os.listdir(directory)) - listed - {MANIFEST, ".varstore-lock"}
+
+
+def test_an_overwrite_commit_removes_the_part_shards_and_staging_a_killed_earlier_run_left(tmp_path: Path) -> None:
+    """A driver killed before its manifest leaves its run's shards (and a killed worker its staging directory),
+    under a run id nobody knows afterwards; an overwrite rerun must not keep them forever beside the dataset
+    (a plain commit keeps other runs' shards: one may still be converting into the same destination)."""
+    destination = tmp_path / "dataset"
+    killed_run = new_run_id()
+    write_part(destination, killed_run, 0, 0, [b"a", b"b", b"c"])
+    staging = PartWriter(destination, run_id=killed_run, part=1, attempt=0, max_shard_records=2)
+    staging.extend([b"d", b"e", b"f"])  # one shard published, one left in staging: the worker was SIGKILLed here
+    rerun = new_run_id()
+    entries = [write_part(destination, rerun, part, 0, [b"x%d" % part]) for part in range(2)]
+    commit_parts(destination, entries, run_id=rerun, overwrite=True)
+    assert list(varstore.open(destination)) == [b"x0", b"x1"]
+    assert unlisted_files(destination) == set()
+
+
+def test_an_overwrite_removes_what_a_driver_killed_after_its_manifest_left(tmp_path: Path, monkeypatch: Any) -> None:
+    """A driver killed between its manifest and its cleanup leaves a failed attempt's shards listed by none;
+    an overwrite rerun (another run id) must remove them with the replaced dataset's shards."""
+    destination = tmp_path / "dataset"
+    first = new_run_id()
+    failed = write_part(destination, first, 0, 0, [b"failed attempt"])
+    with monkeypatch.context() as patched:
+        patched.setattr(parts, "_remove_leftovers", lambda *args, **kwargs: None)  # the driver died right after its manifest
+        commit_parts(destination, [write_part(destination, first, 0, 1, [b"a"])], run_id=first)
+    assert unlisted_files(destination) == {failed[0]["name"] + suffix for suffix in (".data", ".index")}
+    second = new_run_id()
+    commit_parts(destination, [write_part(destination, second, 0, 0, [b"a"])], run_id=second, overwrite=True)
+    assert list(varstore.open(destination)) == [b"a"]
+    assert unlisted_files(destination) == set()
