@@ -59,3 +59,10 @@ def test_an_overwrite_removes_what_a_driver_killed_after_its_manifest_left(tmp_p
     commit_parts(destination, [write_part(destination, second, 0, 0, [b"a"])], run_id=second, overwrite=True)
     assert list(varstore.open(destination)) == [b"a"]
     assert unlisted_files(destination) == set()
+
+
+def test_committing_no_part_into_a_new_directory_makes_an_empty_dataset(tmp_path: Path) -> None:
+    """An empty Ray Dataset or Spark DataFrame runs no write task, so nothing has created the destination."""
+    destination = tmp_path / "new" / "dataset"
+    assert commit_parts(destination, [], run_id=new_run_id()) == []
+    assert len(varstore.open(destination)) == 0

@@ -66,7 +66,7 @@ from .remote.filesystems import (
 from .remote_writer import staging_directory
 from .run_start import StartedRun, begin_run
 from .sharded_writer import ShardedWriter
-from .storage import TEMP_MARK, publish, remove_quietly, sync_directory
+from .storage import TEMP_MARK, make_directories, publish, remove_quietly, sync_directory
 
 _RUN_ID = re.compile(r"[0-9a-f]{1,32}")
 # The name of any run's attempt (`part_prefix`), and of a shard of one: what a commit may remove unlisted.
@@ -221,6 +221,7 @@ def commit_parts(
     if storage_options is not None:
         raise VarstoreError("storage_options apply to URLs only, and this is a local path", path=os.fspath(destination))
     directory = os.path.abspath(os.fspath(destination))
+    make_directories(directory)  # no task ran for an empty input: nothing has created it
     with lock_directory(directory):
         checked_manifest_bytes(manifest, path=os.path.join(directory, MANIFEST_NAME))
         previous = _local_manifest(directory, overwrite)
