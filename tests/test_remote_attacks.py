@@ -188,3 +188,25 @@ def test_a_writer_never_replaces_a_shard_another_writer_committed(tmp_path: Path
     reader = varstore.open(url, cache_dir=tmp_path / "cache")
     reader.verify()
     assert list(reader) == [b"b"] * 5
+
+
+def test_a_huge_planted_journal_object_is_refused_without_being_read_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer opening a URL read its `.varstore-journal` (and manifest) object whole: a planted object of
+    gigabytes went into memory before any size check. It reads one byte past the largest journal any writer
+    writes, and refuses the object by its size. (The limits are scaled down here: a 32 MiB object, 2 MiB allowed.)"""
+    import fsspec
+    import tracemalloc
+
+    import varstore.manifest
+
+    monkeypatch.setattr(varstore.manifest, "MAX_MANIFEST_SIZE", 1 << 20)
+    url = "memory://attacks/huge-journal"
+    fsspec.filesystem("memory").pipe(url.removeprefix("memory://") + "/.varstore-journal", b"x" * (32 << 20))
+    tracemalloc.start()
+    try:
+        with pytest.raises(varstore.errors.FormatError, match="over the limit"):
+            varstore.ShardedWriter(url, "bytes", overwrite=True)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20

@@ -49,11 +49,11 @@ from . import format as fmt
 from .checksum import crc32c
 from .codecs import codec_from_stored
 from .errors import ConcurrentWriterError, FormatError, MissingFileError, ShardExistsError, StorageError, VarstoreError
-from .journal import JOURNAL_NAME, Journal, Run, check_codec, journal_path, new_run, read_journal
+from .journal import JOURNAL_NAME, Journal, Run, check_codec, journal_path, max_journal_size, new_run, read_journal
 from .locking import DIRECTORY_LOCK_NAME
 from .manifest import MANIFEST_NAME, MAX_MANIFEST_SIZE, Manifest, ShardEntry, decode_manifest
 from .remote.cache import default_cache_dir
-from .remote.filesystems import open_filesystem, upload_file, upload_manifest_bytes, with_retries
+from .remote.filesystems import open_filesystem, read_object, upload_file, upload_manifest_bytes, with_retries
 from .run_start import StartedRun, number_after, numbered_shard_name, shard_number
 from .sharded_writer import ShardedWriter
 from .storage import remove_quietly
@@ -338,9 +338,11 @@ class RemoteShardedWriter(ShardedWriter):
     # Objects.
 
     def _read_object(self, name: str) -> bytes | None:
-        """The bytes of object `name` under the URL, or None if there is none."""
+        """The bytes of the manifest or journal object `name` under the URL, or None if there is none: at most one
+        byte more than either may be (`max_journal_size`), so that a huge object planted there is refused by its
+        size check, not read whole into memory."""
         try:
-            return with_retries(lambda: self._fs.cat_file(self._object(name)), what=f"reading {name}", url=self._url(name))
+            return read_object(self._fs, self._object(name), url=self._url(name), max_size=max_journal_size())
         except MissingFileError:
             return None
 
