@@ -34,6 +34,7 @@ import itertools
 import math
 import os
 from dataclasses import dataclass
+from decimal import Decimal
 from fractions import Fraction
 from numbers import Rational, Real
 from typing import Any, Mapping, Sequence, Union
@@ -48,7 +49,7 @@ from .resume import as_int
 
 _BLEND_PURPOSE = 4
 
-Weights = Mapping[str, Union[int, float, Fraction]]
+Weights = Mapping[str, Union[int, float, Fraction, Decimal]]
 Schedule = Sequence[tuple[int, Weights]]
 
 
@@ -149,15 +150,18 @@ def _epoch_map(length: int, seed: int, name_key: int, epoch: int) -> tuple[int, 
 
 
 def _exact_weight(name: str, weight: Any, segment_start: int) -> Fraction:
-    """`weight` as an exact fraction (a float's exact binary value), so no rounding can break the proportion bound."""
-    if isinstance(weight, (bool, np.bool_)) or not isinstance(weight, Real):
+    """`weight` as an exact fraction (the exact value of a float, numpy float, long double or `Decimal`), so no
+    rounding can break the proportion bound."""
+    if isinstance(weight, (bool, np.bool_)) or not isinstance(weight, (Real, Decimal)):
         raise VarstoreError(f"the weight of source {name!r} (segment at {segment_start}) must be a number, not {weight!r}")
     if isinstance(weight, Rational):
         exact = Fraction(int(weight)) if isinstance(weight, np.integer) else Fraction(weight)
-    elif math.isfinite(float(weight)):
-        exact = Fraction(float(weight))
     else:
-        raise VarstoreError(f"the weight of source {name!r} (segment at {segment_start}) must be finite, not {weight!r}")
+        try:
+            ratio = weight.as_integer_ratio() if hasattr(weight, "as_integer_ratio") else float(weight).as_integer_ratio()
+        except (OverflowError, ValueError):  # infinities and NaNs have no ratio
+            raise VarstoreError(f"the weight of source {name!r} (segment at {segment_start}) must be finite, not {weight!r}") from None
+        exact = Fraction(*ratio)
     if exact < 0:
         raise VarstoreError(f"the weight of source {name!r} (segment at {segment_start}) must be >= 0, not {weight!r}")
     return exact
