@@ -137,7 +137,8 @@ class _Segment:
 
 def _name_key(name: str) -> int:
     """A stable 64-bit number for a source name: the same in every process, unlike `hash`."""
-    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
+    # surrogatepass: a name from os.listdir of an undecodable file name holds lone surrogates; other names encode as UTF-8.
+    return int.from_bytes(hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
 
 
 def _epoch_map(length: int, seed: int, name_key: int, epoch: int) -> tuple[int, int]:
@@ -275,7 +276,7 @@ class BlendedDataset(Dataset):
 
     def _positive_weights(self, start: int, weights: Weights) -> dict[int, Fraction]:
         """The segment's positive weights by source number, each source checked to exist and to have records."""
-        unknown = sorted(set(weights) - self._numbers.keys())
+        unknown = sorted(set(weights) - self._numbers.keys(), key=repr)  # keys of any types: sorted without comparing them
         if unknown:
             raise VarstoreError(f"the weights of the segment at sample {start} name unknown sources {unknown}; sources: {self.names}")
         positive = {}
