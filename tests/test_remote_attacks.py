@@ -210,3 +210,47 @@ def test_a_huge_planted_journal_object_is_refused_without_being_read_whole(monke
     finally:
         tracemalloc.stop()
     assert peak < 8 << 20
+
+
+def test_a_damaged_data_object_is_fetched_whole_once_per_process_not_at_every_reopen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past max_open_shards a dataset's shards are dropped and reopened; each reopen read a sixteenth by ranges
+    and fetched the data object whole again, so a damaged one was downloaded, and logged, over and over (14 times
+    in 3 epochs of 20 shards with 2 open). Once failed, it stays on ranges in this process; reads stay right."""
+    import fsspec
+
+    import varstore.remote_shard as remote_shard
+    import varstore.sharded_reader as sharded_reader
+
+    monkeypatch.setattr(sharded_reader, "max_open_shards", lambda: 2)
+    url = "memory://attacks/storm"
+    with varstore.ShardedWriter(url, "bytes", max_shard_records=20, overwrite=True) as writer:
+        writer.extend(bytes([index % 256]) * 3000 for index in range(400))
+    path = url.removeprefix("memory://") + "/shard-000001.data"
+    data = bytearray(fsspec.filesystem("memory").cat(path))
+    data[10 * 3000 + 1] ^= 1  # record 30, away from the 4 KiB edges the open checks
+    fsspec.filesystem("memory").pipe(path, bytes(data))
+    damaged = f"{url}/shard-000001.data"
+    submitted: list[str] = []
+    real_submit = remote_shard._BACKGROUND.submit
+    monkeypatch.setattr(remote_shard._BACKGROUND, "submit", lambda action: (submitted.append(action.__self__.data_path), real_submit(action)))
+    reader = varstore.open(url, cache_dir=tmp_path / "cache")
+    wanted = [index for index in range(400) if index != 30]
+
+    def epoch(seed: int) -> None:
+        order = np.random.default_rng(seed).permutation(wanted)
+        for start in range(0, len(order), 16):
+            batch = order[start : start + 16]
+            assert reader.get_batch(batch) == [bytes([index % 256]) * 3000 for index in batch.tolist()]
+
+    deadline = time.monotonic() + CHILD_SECONDS / 2
+    seed = 0
+    while not any(key[0] == damaged for key in remote_shard._WHOLE_FETCH_FAILED):
+        assert time.monotonic() < deadline, "the damaged shard's whole fetch never failed"
+        epoch(seed)
+        seed += 1
+    before = submitted.count(damaged)
+    for more in range(3):
+        epoch(seed + 1 + more)
+    assert submitted.count(damaged) == before

@@ -289,18 +289,26 @@ class RemoteShard(ReaderBase):
         pid = os.getpid()
         if self._fetch_whole_after is not None and self._whole_requested_by != pid and self._ranged_bytes >= self._fetch_whole_after:
             self._whole_requested_by = pid
-            _BACKGROUND.submit(self._fetch_in_background)
+            if self._whole_data_key() not in _WHOLE_FETCH_FAILED:
+                _BACKGROUND.submit(self._fetch_in_background)
 
     def _fetch_in_background(self) -> None:
-        """`fetch_data`, off the reading thread: a failure only leaves the reads on ranges (and is logged)."""
+        """`fetch_data`, off the reading thread: a failure leaves the reads on ranges, is logged, and is not tried
+        again in this process (a shard reopened after its reader was dropped would download a damaged object
+        whole, and log it, every time)."""
         try:
             self.fetch_data()
         except ClosedError:
             pass  # the reader was closed meanwhile: nobody needs the copy
         except VarstoreError as error:
-            _log.warning("fetching the data object whole failed; reading it by ranges: %s", error)
-        except Exception:  # a thread pool would keep it silently in a future nobody reads
-            _log.exception("fetching the data object whole failed; reading it by ranges: %s", self.data_path)
+            _WHOLE_FETCH_FAILED.add(self._whole_data_key())
+            _log.warning("fetching the data object whole failed; this process reads it by ranges: %s", error)
+        except Exception:  # nobody would see it otherwise
+            _WHOLE_FETCH_FAILED.add(self._whole_data_key())
+            _log.exception("fetching the data object whole failed; this process reads it by ranges: %s", self.data_path)
+
+    def _whole_data_key(self) -> tuple[str, int]:
+        return self.data_path, self.header.data_crc32c
 
     # -- whole data --------------------------------------------------------------------------
 
@@ -434,6 +442,8 @@ def _run_jobs(jobs: queue.SimpleQueue[Callable[[], None]]) -> None:
 
 
 _BACKGROUND = _BackgroundFetches()
+# Data objects (URL, data CRC32C) whose background whole fetch failed in this process: not fetched whole again.
+_WHOLE_FETCH_FAILED: set[tuple[str, int]] = set()
 os.register_at_fork(after_in_child=_BACKGROUND.forget_after_fork)
 
 
