@@ -66,3 +66,16 @@ def test_committing_no_part_into_a_new_directory_makes_an_empty_dataset(tmp_path
     destination = tmp_path / "new" / "dataset"
     assert commit_parts(destination, [], run_id=new_run_id()) == []
     assert len(varstore.open(destination)) == 0
+
+
+def test_ray_refuses_an_existing_dataset_when_the_write_starts_before_any_task(tmp_path: Path) -> None:
+    """Without overwrite the datasink must refuse in on_write_start (on the driver, before Ray sends a task),
+    not at the commit after every record was made."""
+    ray_module = pytest.importorskip("varstore.ray")
+    with varstore.ShardedWriter(tmp_path / "dataset", codec="str") as writer:
+        writer.append("kept")
+    sink = ray_module.VarstoreDatasink(tmp_path / "dataset", codec="str", column="text")
+    with pytest.raises(varstore.ShardExistsError):
+        sink.on_write_start()
+    ray_module.VarstoreDatasink(tmp_path / "dataset", codec="str", column="text", overwrite=True).on_write_start()
+    assert list(varstore.open(tmp_path / "dataset")) == ["kept"]

@@ -23,10 +23,8 @@ from typing import Any, Sequence
 from .cli.errors import CommandError, UsageError
 from .cli.output import Progress, listing
 from .cli.sources import Source, open_source, source_format
-from .errors import MissingFileError, ShardExistsError, VarstoreError
-from .manifest import MANIFEST_NAME
-from .parts import PartWriter, abandon_run, commit_parts, new_run_id
-from .remote.filesystems import is_url, open_filesystem, with_retries
+from .errors import VarstoreError
+from .parts import PartWriter, abandon_run, commit_parts, new_run_id, refuse_existing_dataset
 from .sharded_writer import ShardedWriter
 
 
@@ -99,7 +97,7 @@ def write_in_parts(
         raise UsageError(f"workers must be a positive integer, not {workers!r}")
     metadata = dataset_metadata(source, metadata)
     if not overwrite:
-        _refuse_existing_dataset(destination, storage_options)
+        refuse_existing_dataset(destination, storage_options)
     run_id = new_run_id()
     writer_options = {**_codec_options(source), "max_shard_bytes": max_shard_bytes,
                       "max_shard_records": max_shard_records, "storage_options": storage_options}
@@ -121,21 +119,6 @@ def write_in_parts(
 
 def _codec_options(source: Source) -> dict[str, Any]:
     return {"codec": source.codec, "dtype": source.dtype.str if source.dtype is not None else None, "shape": tuple(source.shape)}
-
-
-def _refuse_existing_dataset(destination: str, storage_options: dict[str, Any] | None) -> None:
-    """Refuse before any work a destination that holds a dataset (the commit would refuse it after all of it)."""
-    if is_url(destination):
-        fs, root = open_filesystem(destination, storage_options)
-        url = f"{destination.rstrip('/')}/{MANIFEST_NAME}"
-        try:
-            exists = with_retries(lambda: fs.exists(f"{root.rstrip('/')}/{MANIFEST_NAME}"), what="looking for a manifest", url=url)
-        except MissingFileError:
-            exists = False
-    else:
-        exists = os.path.lexists(os.path.join(destination, MANIFEST_NAME))
-    if exists:
-        raise ShardExistsError("a dataset already exists here; pass overwrite=True to replace it", path=destination)
 
 
 def _run_workers(tasks: Sequence[dict[str, Any]], progress: Progress) -> list[dict[str, Any]]:

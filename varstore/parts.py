@@ -233,6 +233,24 @@ def commit_parts(
     return [entry.name for entry in entries]
 
 
+def refuse_existing_dataset(destination: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> None:
+    """`ShardExistsError` if a dataset is committed at `destination`: a driver without ``overwrite`` asks before any
+    task runs, since `commit_parts` would refuse it only after all of their work."""
+    if is_url(destination):
+        url = str(destination).rstrip("/")
+        fs, root = open_filesystem(url, storage_options)
+        fs.invalidate_cache(root)  # fsspec's listing cache may predate the manifest
+        manifest = f"{root.rstrip('/')}/{MANIFEST_NAME}"
+        try:
+            exists = with_retries(lambda: fs.exists(manifest), what="looking for a manifest", url=f"{url}/{MANIFEST_NAME}")
+        except MissingFileError:
+            exists = False
+    else:
+        exists = os.path.lexists(os.path.join(os.fspath(destination), MANIFEST_NAME))
+    if exists:
+        raise ShardExistsError("a dataset already exists here; pass overwrite=True to replace it", path=os.fspath(destination))
+
+
 def abandon_run(destination: str | os.PathLike[str], run_id: str, storage_options: dict[str, Any] | None = None) -> None:
     """Remove every ``part-RUN-*`` file or object of run `run_id` at `destination` (the driver failed), but for
     those the live manifest lists: a commit that failed after its manifest was written stands."""

@@ -33,7 +33,7 @@ from ray.data.datasource import Datasink, WriteResult
 from . import open as open_dataset
 from .codecs import make_codec
 from .errors import VarstoreError
-from .parts import PartWriter, abandon_run, commit_parts, new_run_id
+from .parts import PartWriter, abandon_run, commit_parts, new_run_id, refuse_existing_dataset
 from .reader_base import require_version
 from .remote.filesystems import is_url
 
@@ -87,8 +87,11 @@ class VarstoreDatasink(Datasink[dict]):
         return self._shard_options["max_shard_bytes"]
 
     def on_write_start(self, schema: pa.Schema | None = None) -> None:
-        """Start a run (on the driver, before the first write task is sent): a fresh run id for its shard names.
+        """Start a run (on the driver, before the first write task is sent): an existing dataset is refused now
+        unless `overwrite` (not after every record was made), and a fresh run id names its shards.
         (`schema` is not checked: when Ray fuses the write with the maps before it, it is their input's.)"""
+        if not self._overwrite:
+            refuse_existing_dataset(self.path, self._storage_options)
         self._run_id = new_run_id()
 
     def write(self, blocks: Iterable[Block], ctx: Any) -> dict[str, Any]:

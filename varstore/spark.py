@@ -34,9 +34,8 @@ except ImportError as error:  # pragma: no cover - depends on the install
 
 from .codecs import make_codec
 from .errors import FormatError, ShardExistsError, VarstoreError
-from .manifest import MANIFEST_NAME
-from .parts import PartWriter, abandon_run, commit_parts, new_run_id
-from .remote.filesystems import is_url, open_filesystem
+from .parts import PartWriter, abandon_run, commit_parts, new_run_id, refuse_existing_dataset
+from .remote.filesystems import is_url
 
 __all__ = ["write_dataframe"]
 
@@ -81,7 +80,7 @@ def write_dataframe(
         raise VarstoreError(f"the DataFrame has no column {column!r} (it has {df.columns})", path=destination)
     make_codec(codec, dtype=dtype, shape=shape)  # bad codec options fail here, not in every task
     if not overwrite:
-        _refuse_existing_dataset(destination, storage_options)
+        refuse_existing_dataset(destination, storage_options)
     run_id = new_run_id()
     write_partition = functools.partial(
         _write_partition,
@@ -137,18 +136,6 @@ def _wait_for_tasks_to_end(context: Any, group: str, timeout: float = _TASK_END_
         if not any(info.numActiveTasks for info in map(tracker.getStageInfo, stages) if info is not None):
             return
         time.sleep(0.05)
-
-
-def _refuse_existing_dataset(destination: str, storage_options: dict[str, Any] | None) -> None:
-    """`ShardExistsError` if a dataset is committed at `destination`: before the job, not after its work."""
-    if is_url(destination):
-        fs, root = open_filesystem(destination, storage_options)
-        fs.invalidate_cache(root)  # fsspec's listing cache may predate the manifest
-        exists = fs.exists(f"{root.rstrip('/')}/{MANIFEST_NAME}")
-    else:
-        exists = os.path.lexists(os.path.join(destination, MANIFEST_NAME))
-    if exists:
-        raise ShardExistsError("a dataset already exists here; pass overwrite=True to replace it", path=destination)
 
 
 def _write_partition(
