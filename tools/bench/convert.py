@@ -1,7 +1,7 @@
 """Conversion throughput: JSON Lines of text documents into record shards, by varstore's serial writer, its
 parallel `convert`, Ray, Spark, litdata and MosaicML Streaming (MDS), on the same input (issue 13).
 
-    python3 tools/bench/convert.py [--megabytes 100] [--cores 2] [--out bench-out/convert] [--peers a,b]
+    python3 tools/bench/convert.py [--megabytes 100] [--cores 2] [--repeats 3] [--out bench-out/convert] [--peers a,b]
 
 The input is one JSON Lines file of ~`--megabytes` MB of documents ``{"id": N, "text": "..."}``, 100 to 900
 bytes of printable ASCII each. Every peer reads that file, parses each line and writes the document texts
@@ -17,10 +17,11 @@ as records (shards of ~`SHARD_BYTES`), in its own fresh process and in the virtu
 - ``litdata``: ``optimize(num_workers=--cores)`` over byte ranges of the file cut at line ends;
 - ``mds``: ``MDSWriter`` (serial; it has no parallel writer of its own, only ``dataframe_to_mds`` on Spark).
 
-A conversion is timed from opening the input to the committed output; engine start-up (``ray.init``, the
-Spark session, imports) is timed apart. Ray and Spark convert twice in one session: the first run also starts
-their Python workers. Each output is read back and checked against the input: record count, bytes and the sum
-of the records' CRC32s.
+A conversion is timed from opening the input to the committed output; start-up (imports, ``ray.init``, the
+Spark session) is timed apart. Each peer converts ``--repeats`` times in one process after its start-up (the
+first run of Ray and Spark also starts their Python workers); the table gives the first, best and median
+runs, because other jobs on a shared machine make single runs noisy. Each output is read back and checked
+against the input: record count, bytes and the sum of the records' CRC32s.
 
 The ``append`` step sets the serial append path beside the raw floor's build (tools/bench/peers/floor.py:
 payloads and offsets written with plain ``f.write``) on the harness's "small", "tokens" and "structured"
@@ -37,6 +38,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -60,7 +62,7 @@ PEERS = {
 SHARD_BYTES = 64 << 20
 LITDATA_INPUTS_PER_WORKER = 4
 APPEND_WORKLOADS = ("small", "tokens", "structured")
-APPEND_REPEATS = 3
+APPEND_REPEATS = 5
 STEP_TIMEOUT_S = 600
 SEED = 13
 
@@ -69,6 +71,7 @@ def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--megabytes", type=int, default=100, help="input size (JSON Lines text, MB)")
     parser.add_argument("--cores", type=int, default=2, help="workers / CPUs given to the parallel peers")
+    parser.add_argument("--repeats", type=int, default=3, help="conversions per peer after its start-up")
     parser.add_argument("--append-scale", type=float, default=1.0, help="scale of the append-vs-floor workloads")
     parser.add_argument("--out", default=str(ROOT / "bench-out" / "convert"), help="output directory")
     parser.add_argument("--peers", help=f"comma-separated subset of {','.join([*PEERS, 'append'])}")
@@ -147,47 +150,66 @@ def _timed(convert: Callable[[], Any], read_back: Callable[[], Iterable[Any]], e
             "load": os.getloadavg()[0]}
 
 
-def _serial(task: dict[str, Any], directory: str) -> dict[str, Any]:
-    import varstore
-
-    def convert() -> None:
-        with varstore.ShardedWriter(directory, codec="str", max_shard_bytes=SHARD_BYTES) as writer:
-            append = writer.append
-            for text in _texts(task["input"]):
-                append(text)
-
-    return _timed(convert, lambda: _varstore_records(directory), task["expected"])
-
-
-def _convert(workers: int) -> Callable[[dict[str, Any], str], dict[str, Any]]:
-    def run(task: dict[str, Any], directory: str) -> dict[str, Any]:
-        from varstore.conversion import convert
-
-        return _timed(lambda: convert(task["input"], directory, workers=workers, field="text", max_shard_bytes=SHARD_BYTES),
-                      lambda: _varstore_records(directory), task["expected"])
-
-    return run
-
-
-def _engine_runs(task: dict[str, Any], start: Callable[[], Any], convert: Callable[[str], None]) -> dict[str, Any]:
-    """Start an engine (timed apart), convert twice in its session, stop it."""
+def _runs(task: dict[str, Any], start: Callable[[], Callable[[], None]], convert: Callable[[str], None],
+          read_back: Callable[[str], Iterable[Any]] = _varstore_records) -> dict[str, Any]:
+    """Start the peer (imports, engine session: timed apart), then convert `repeats` times into fresh directories,
+    each output checked then deleted; stop the peer."""
     started = time.perf_counter()
     stop = start()
     result: dict[str, Any] = {"startup_s": time.perf_counter() - started, "runs": []}
     try:
-        for run in ("first", "second"):
+        for run in range(task["repeats"]):
             directory = os.path.join(task["data"], f"{task['peer']}-{run}")
-            figures = _timed(lambda: convert(directory), lambda: _varstore_records(directory), task["expected"])
-            result["runs"].append({"run": run, **figures})
+            result["runs"].append(_timed(lambda: convert(directory), lambda: read_back(directory), task["expected"]))
             shutil.rmtree(directory, ignore_errors=True)
     finally:
         stop()
     return result
 
 
+def _nothing_to_stop() -> None:
+    """A library without a session."""
+
+
+def _serial(task: dict[str, Any]) -> dict[str, Any]:
+    def start() -> Callable[[], None]:
+        import varstore  # noqa: F401
+
+        return _nothing_to_stop
+
+    def convert(directory: str) -> None:
+        import varstore
+
+        with varstore.ShardedWriter(directory, codec="str", max_shard_bytes=SHARD_BYTES) as writer:
+            append = writer.append
+            for text in _texts(task["input"]):
+                append(text)
+
+    return _runs(task, start, convert)
+
+
+def _convert(workers: int) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    def run(task: dict[str, Any]) -> dict[str, Any]:
+        def start() -> Callable[[], None]:
+            import varstore.conversion  # noqa: F401
+
+            return _nothing_to_stop
+
+        def convert(directory: str) -> None:
+            from varstore.conversion import convert
+
+            convert(task["input"], directory, workers=workers, field="text", max_shard_bytes=SHARD_BYTES)
+
+        return _runs(task, start, convert)
+
+    return run
+
+
 def _ray(task: dict[str, Any]) -> dict[str, Any]:
     def start() -> Callable[[], None]:
         import ray
+
+        import varstore.ray  # noqa: F401
 
         ray.init(num_cpus=task["cores"], include_dashboard=False, log_to_driver=False, configure_logging=False)
         context = ray.data.DataContext.get_current()
@@ -203,7 +225,7 @@ def _ray(task: dict[str, Any]) -> dict[str, Any]:
         documents = ray.data.read_json(task["input"], lines=True, override_num_blocks=task["cores"])
         documents.write_datasink(VarstoreDatasink(directory, codec="str", column="text", max_shard_bytes=SHARD_BYTES))
 
-    return _engine_runs(task, start, convert)
+    return _runs(task, start, convert)
 
 
 def _spark(task: dict[str, Any]) -> dict[str, Any]:
@@ -212,6 +234,8 @@ def _spark(task: dict[str, Any]) -> dict[str, Any]:
     def start() -> Callable[[], None]:
         os.environ["PYSPARK_PYTHON"] = sys.executable
         from pyspark.sql import SparkSession
+
+        import varstore.spark  # noqa: F401
 
         partition_bytes = os.path.getsize(task["input"]) // task["cores"] + 1  # one partition per core
         spark = (
@@ -231,42 +255,59 @@ def _spark(task: dict[str, Any]) -> dict[str, Any]:
         frame = session[0].read.schema("id long, text string").json(task["input"])
         write_dataframe(frame, directory, column="text", codec="str", max_shard_bytes=SHARD_BYTES)
 
-    return _engine_runs(task, start, convert)
+    return _runs(task, start, convert)
 
 
-def _litdata(task: dict[str, Any], directory: str) -> dict[str, Any]:
-    import functools
+def _litdata(task: dict[str, Any]) -> dict[str, Any]:
+    def start() -> Callable[[], None]:
+        import litdata  # noqa: F401
 
-    import litdata
+        return _nothing_to_stop
 
-    def convert() -> None:
+    def convert(directory: str) -> None:
+        import functools
+
+        import litdata
+
         ranges = _line_ranges(task["input"], task["cores"] * LITDATA_INPUTS_PER_WORKER)
         litdata.optimize(
             fn=functools.partial(_litdata_texts, task["input"]), inputs=ranges, output_dir=directory,
             chunk_bytes=SHARD_BYTES, num_workers=task["cores"], start_method="fork", mode="overwrite", verbose=False,
         )
 
-    return _timed(convert, lambda: iter(litdata.StreamingDataset(directory)), task["expected"])
+    def read_back(directory: str) -> Iterable[str]:
+        import litdata
+
+        return litdata.StreamingDataset(directory)
+
+    return _runs(task, start, convert, read_back)
 
 
 def _litdata_texts(path: str, byte_range: tuple[int, int]) -> Iterator[str]:
     yield from _texts(path, *byte_range)
 
 
-def _mds(task: dict[str, Any], directory: str) -> dict[str, Any]:
-    from bench.peers.mds import streaming  # imports streaming with its torchvision stand-in
+def _mds(task: dict[str, Any]) -> dict[str, Any]:
+    def start() -> Callable[[], None]:
+        from bench.peers.mds import streaming  # noqa: F401  (streaming with its torchvision stand-in)
 
-    def convert() -> None:
+        return _nothing_to_stop
+
+    def convert(directory: str) -> None:
+        from bench.peers.mds import streaming
+
         with streaming.MDSWriter(out=directory, columns={"text": "str"}, size_limit=SHARD_BYTES) as writer:
             write = writer.write
             for text in _texts(task["input"]):
                 write({"text": text})
 
-    def read_back() -> Iterator[str]:
+    def read_back(directory: str) -> Iterator[str]:
+        from bench.peers.mds import streaming
+
         dataset = streaming.StreamingDataset(local=directory, batch_size=256, shuffle=False)
         return (sample["text"] for sample in dataset)
 
-    return _timed(convert, read_back, task["expected"])
+    return _runs(task, start, convert, read_back)
 
 
 def _timed_write(write: Callable[[str], None], directory: str) -> float:
@@ -300,7 +341,7 @@ def _append(task: dict[str, Any]) -> dict[str, Any]:
             continue
         records = cached_records(workload)
         directory = os.path.join(task["data"], "append", workload.name)
-        seconds = {name: [] for name in writers}
+        seconds: dict[str, list[float]] = {name: [] for name in writers}
         for _ in range(APPEND_REPEATS):
             for name, write in writers.items():
                 seconds[name].append(_timed_write(lambda target: write(workload, records, target), directory))
@@ -311,27 +352,15 @@ def _append(task: dict[str, Any]) -> dict[str, Any]:
     return {"workloads": figures, "load": os.getloadavg()[0]}
 
 
-def _in_own_directory(run: Callable[[dict[str, Any], str], dict[str, Any]]) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """A one-conversion peer: start-up is its imports (timed apart), its output goes once it is checked."""
-    def step(task: dict[str, Any]) -> dict[str, Any]:
-        directory = os.path.join(task["data"], task["peer"])
-        started = time.perf_counter()
-        figures = run(task, directory)  # imports happen before the timed conversion inside
-        shutil.rmtree(directory, ignore_errors=True)
-        return {"runs": [{"run": "only", **figures}], "step_s": time.perf_counter() - started}
-
-    return step
-
-
 STEPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "input": lambda task: make_input(task["input"], task["megabytes"]),
-    "serial": _in_own_directory(_serial),
-    "convert-1": _in_own_directory(_convert(1)),
-    "convert-2": _in_own_directory(_convert(2)),
+    "serial": _serial,
+    "convert-1": _convert(1),
+    "convert-2": _convert(2),
     "ray": _ray,
     "spark": _spark,
-    "litdata": _in_own_directory(_litdata),
-    "mds": _in_own_directory(_mds),
+    "litdata": _litdata,
+    "mds": _mds,
     "append": _append,
 }
 
@@ -376,15 +405,17 @@ def run_step(peer: str, venv: str, task: dict[str, Any], out: Path) -> dict[str,
 def conversion_table(results: dict[str, Any]) -> list[str]:
     meta = results["meta"]
     expected = meta["input"]
-    serial = next((run["seconds"] for run in results["peers"].get("serial", {}).get("runs", [])), None)
+    serial_runs = results["peers"].get("serial", {}).get("runs")
+    serial = min(run["seconds"] for run in serial_runs) if serial_runs else None
     lines = [
         f"Conversion of one JSON Lines file ({expected['file_bytes'] / 1e6:.1f} MB; {expected['records']:,} documents, "
         f"{expected['bytes'] / 1e6:.1f} MB of text, 100-900 bytes each) into text records, shards of ~{SHARD_BYTES >> 20} MiB; "
-        f"{meta['cores']} workers/CPUs for the parallel peers; {os.cpu_count()} CPUs on the machine. MB/s and records/s "
-        "count the records' text bytes over the conversion time (reading and parsing the input included, engine start-up not).",
+        f"{meta['cores']} workers/CPUs for the parallel peers, {meta['cpus']} CPUs on the machine. Each peer converts "
+        f"{meta['repeats']} times after its start-up; MB/s and records/s are the records' text over the best run "
+        "(reading and parsing the input included, start-up not); × serial compares best runs.",
         "",
-        "| peer | venv | run | start-up (s) | conversion (s) | MB/s | records/s | × serial | load | check |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---|",
+        "| peer | venv | start-up (s) | first run (s) | best (s) | median (s) | MB/s | records/s | × serial | load | check |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     notes = []
     for peer, result in results["peers"].items():
@@ -392,19 +423,18 @@ def conversion_table(results: dict[str, Any]) -> list[str]:
             continue
         venv, label = PEERS[peer]
         if "error" in result:
-            lines.append(f"| {label} | {venv} | – | – | – | – | – | – | – | failed |")
+            lines.append(f"| {label} | {venv} |{' – |' * 8} failed |")
             notes.append(f"- {label}: {result['error']}")
             continue
-        startup = result.get("startup_s")
-        for run in result["runs"]:
-            seconds = run["seconds"]
-            check = run["check"].partition(":")[0]
-            if check != "ok":
-                notes.append(f"- {label}, {run['run']} run: {run['check']}")
-            lines.append(
-                f"| {label} | {venv} | {run['run']} | {'–' if startup is None else f'{startup:.1f}'} | {seconds:.2f} "
-                f"| {expected['bytes'] / seconds / 1e6:.1f} | {expected['records'] / seconds:,.0f} "
-                f"| {'–' if serial is None else f'{serial / seconds:.2f}'} | {run['load']:.1f} | {check} |")
+        seconds = [run["seconds"] for run in result["runs"]]
+        best = min(seconds)
+        checks = [run["check"] for run in result["runs"]]
+        notes += [f"- {label}, run {number + 1}: {check}" for number, check in enumerate(checks) if check != "ok"]
+        check = "ok" if all(check == "ok" for check in checks) else "MISMATCH"
+        lines.append(
+            f"| {label} | {venv} | {result['startup_s']:.1f} | {seconds[0]:.2f} | {best:.2f} | {statistics.median(seconds):.2f} "
+            f"| {expected['bytes'] / best / 1e6:.1f} | {expected['records'] / best:,.0f} "
+            f"| {'–' if serial is None else f'{serial / best:.2f}'} | {max(run['load'] for run in result['runs']):.1f} | {check} |")
     return lines + ([""] + notes if notes else [])
 
 
@@ -455,7 +485,7 @@ def main() -> int:
     (out / "logs").mkdir(exist_ok=True)
     started, load_before = time.time(), _load_average()
     task: dict[str, Any] = {"input": str(data / "documents.jsonl"), "data": str(data), "megabytes": arguments.megabytes,
-                            "cores": arguments.cores, "append_scale": arguments.append_scale}
+                            "cores": arguments.cores, "repeats": arguments.repeats, "append_scale": arguments.append_scale}
     print("input:", flush=True)
     made = run_step("input", "dev", task, out)
     if "error" in made:
@@ -469,7 +499,7 @@ def main() -> int:
     results["meta"] = {
         "command": " ".join(["python3", "tools/bench/convert.py", *sys.argv[1:]]),
         "input": {name: made[name] for name in ("records", "bytes", "crc_sum", "file_bytes")},
-        "cores": arguments.cores, "shard_bytes": SHARD_BYTES, "cpus": os.cpu_count(),
+        "cores": arguments.cores, "repeats": arguments.repeats, "shard_bytes": SHARD_BYTES, "cpus": os.cpu_count(),
         "venvs": {name: str(path) for name, path in VENVS.items()},
         "load_before": load_before, "load_after": _load_average(), "minutes": (time.time() - started) / 60,
     }
