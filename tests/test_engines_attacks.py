@@ -12,12 +12,13 @@ import pytest
 import varstore
 from varstore import parts
 from varstore.parts import PartWriter, commit_parts, new_run_id
+from varstore.remote.filesystems import list_sizes, open_filesystem
 
 MANIFEST = "manifest.json"
 
 
-def write_part(destination: Path, run_id: str, part: int, attempt: int, records: list[bytes]) -> list[dict[str, Any]]:
-    with PartWriter(destination, run_id=run_id, part=part, attempt=attempt, max_shard_records=2) as writer:
+def write_part(destination: Path | str, run_id: str, part: int, attempt: int, records: list[bytes], **options: Any) -> list[dict[str, Any]]:
+    with PartWriter(destination, run_id=run_id, part=part, attempt=attempt, max_shard_records=2, **options) as writer:
         writer.extend(records)
     return writer.close()
 
@@ -79,3 +80,16 @@ def test_ray_refuses_an_existing_dataset_when_the_write_starts_before_any_task(t
         sink.on_write_start()
     ray_module.VarstoreDatasink(tmp_path / "dataset", codec="str", column="text", overwrite=True).on_write_start()
     assert list(varstore.open(tmp_path / "dataset")) == ["kept"]
+
+
+def test_an_overwrite_commit_at_a_url_keeps_other_runs_objects(s3_server: Any) -> None:
+    """S3 has no lock: another run's manifest may land while an overwrite commit cleans up, so that cleanup must
+    not remove other runs' part objects (a live dataset would then list deleted objects)."""
+    options = s3_server.storage_options
+    url = f"s3://{s3_server.new_bucket()}/dataset"
+    other = write_part(url, new_run_id(), 0, 0, [b"another run's"], storage_options=options)
+    run_id = new_run_id()
+    commit_parts(url, [write_part(url, run_id, 0, 0, [b"a"], storage_options=options)], run_id=run_id,
+                 overwrite=True, storage_options=options)
+    fs, root = open_filesystem(url, options)
+    assert {other[0]["name"] + suffix for suffix in (".data", ".index")} <= set(list_sizes(fs, root, url=url))

@@ -6,8 +6,9 @@ retry number), placed directly in the destination (a local directory or a URL) a
 returns the shards' manifest entries as plain JSON-able dicts, for the engine to send back to the driver.
 The driver then calls `commit_parts` with the entries of one successful attempt per part, in part order:
 it checks every listed shard against its entry, writes the manifest last (the commit point), and removes
-every ``part-RUN-*`` file or object it does not list (failed or duplicate attempts); with ``overwrite``, the
-part shards of every run it does not list (what earlier runs, killed before or during their commit, left).
+every ``part-RUN-*`` file or object it does not list (failed or duplicate attempts); in a local directory with
+``overwrite``, the part shards of every run it does not list (what earlier runs, killed before or during their
+commit, left; not at a URL, where no lock keeps another run's commit from landing during that cleanup).
 Until that manifest is written readers see nothing new, so a killed driver leaves no manifest (or the
 previous one); `abandon_run` removes what a failed conversion wrote.
 
@@ -17,10 +18,12 @@ for a local one, so publishing is a rename on one filesystem; in the node cache 
 a URL uploaded data object first, then index object.
 
 Cleanup assumes the attempts of a run have ended when the driver commits or abandons it: an attempt still
-writing then (a speculative duplicate, say) may leave ``part-RUN-*`` shards no manifest lists (until the next
-commit with ``overwrite`` there). Of two conversions into one destination at once, the first to commit wins:
-the other is refused at its commit, without ``overwrite`` because a dataset exists, with it because the
-first commit removed its part shards (a missing shard) instead of letting it replace the dataset.
+writing then (a speculative duplicate, say) may leave ``part-RUN-*`` shards no manifest lists (in a local
+directory, until the next commit there with ``overwrite``). Of two conversions into one local directory at
+once, the first to commit wins: the other is refused at its commit, without ``overwrite`` because a dataset
+exists, with it because the first commit removed its part shards (a missing shard). At a URL, without
+``overwrite`` the second manifest upload is refused (a conditional write); with it the last one wins and the
+shards of the replaced run stay, listed by none.
 """
 
 from __future__ import annotations
@@ -201,8 +204,9 @@ def commit_parts(
     Every listed shard must belong to run `run_id` and part k, and its files or objects must match its entry
     (sizes, index header, codec), else `FormatError` and no manifest. An existing dataset is replaced only
     with `overwrite` (`ShardExistsError`). The manifest is written last; then every ``part-RUN-*`` file or
-    object not listed is removed, and with `overwrite` the replaced dataset's shards and every other run's
-    unlisted part shards (what killed conversions left, under run ids nobody knows any more).
+    object not listed is removed, and with `overwrite` the replaced dataset's shards and, in a local directory
+    (whose lock the commit holds), every other run's unlisted part shards (what killed conversions left, under
+    run ids nobody knows any more).
     """
     stored = make_codec(codec, dtype=dtype, shape=shape)
     entries = [_listed_entry(item, run_id, part) for part, items in enumerate(parts) for item in items]
@@ -215,7 +219,7 @@ def commit_parts(
         previous = _remote_manifest(fs, root, url, overwrite)
         _check_remote_shards(fs, root, url, entries, stored)
         upload_manifest_bytes(fs, f"{root}/{MANIFEST_NAME}", raw, url=f"{url}/{MANIFEST_NAME}", create_only=not overwrite)
-        _remove_leftovers(url, run_id, entries, previous, (fs, root), every_run=overwrite)
+        _remove_leftovers(url, run_id, entries, previous, (fs, root))
         _remove_node_staging(url, run_id, storage_options)
         return [entry.name for entry in entries]
     if storage_options is not None:
