@@ -10,7 +10,8 @@ and options of the source and destination one way, the shards' manifest entries 
 
 A worker that fails fails the conversion with its error: the other workers are stopped and every part shard
 is removed (`abandon_run`). A killed driver leaves no manifest (or the dataset that was there before); the part
-shards its workers wrote stay, named ``part-RUN-*``, until ``abandon_run`` or an overwrite of the dataset.
+shards its workers wrote stay, named ``part-RUN-*``, until ``abandon_run`` or, in a local directory, the next
+conversion into it with ``overwrite`` (at a URL they stay: remove ``part-RUN-*`` objects no manifest lists).
 """
 
 from __future__ import annotations

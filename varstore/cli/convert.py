@@ -66,7 +66,9 @@ workers:
   and commits the parts in order: the records, and their order, are those of
   --workers 1; each part begins its own shards. A failing worker fails convert
   with its error and removes every shard written; a killed convert leaves no
-  manifest (the part-* shards its workers wrote stay in DST, listed by none).
+  manifest (the part-* shards its workers wrote stay in DST, listed by none,
+  until a convert --overwrite with --workers 2 or more into a local DST
+  removes them).
 
 examples:
   varstore convert train.bin train/ --dtype uint16 --separator 50256
