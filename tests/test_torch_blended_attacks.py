@@ -174,3 +174,11 @@ def test_a_source_dropped_by_a_segment_and_readded_continues_where_it_stopped():
         records = [record for number, record in blend._records(range(100)) if blend.names[number] == name]
         epochs = [records[start : start + len(source)] for start in range(0, len(records), len(source))]
         assert all(len(set(epoch)) == len(epoch) for epoch in epochs), name
+
+
+def test_a_float_tensor_of_samples_is_refused_as_a_varstore_error_naming_the_type():
+    torch = pytest.importorskip("torch")
+    blend = BlendedDataset({"a": Sized(3)}, {"a": 1}, num_samples=10)
+    assert blend.__getitems__(torch.tensor([9, 0, 9])) == [blend.locate(9)[1], blend.locate(0)[1], blend.locate(9)[1]]
+    with pytest.raises(VarstoreError, match="blend samples are integers, not Tensor"):
+        blend.__getitems__(torch.tensor([1.0]))

@@ -32,6 +32,7 @@ import bisect
 import hashlib
 import itertools
 import math
+import operator
 import os
 from dataclasses import dataclass
 from decimal import Decimal
@@ -307,12 +308,15 @@ class BlendedDataset(Dataset):
         return self._segments[bisect.bisect_right(self._starts, sample) - 1]
 
     def _check_sample(self, sample: Any) -> int:
-        if isinstance(sample, (bool, np.bool_)) or not hasattr(sample, "__index__"):
+        try:
+            index = operator.index(sample)
+        except TypeError:  # a float tensor has __index__, and it raises TypeError
+            index = None
+        if index is None or isinstance(sample, (bool, np.bool_)):
             raise VarstoreError(f"blend samples are integers, not {type(sample).__name__}")
-        sample = sample.__index__()
-        if not 0 <= sample < self.num_samples:
-            raise RecordIndexError(f"sample {sample} is out of range for a blend of {self.num_samples} samples")
-        return sample
+        if not 0 <= index < self.num_samples:
+            raise RecordIndexError(f"sample {index} is out of range for a blend of {self.num_samples} samples")
+        return index
 
     def _use(self, sample: int) -> tuple[int, int]:
         segment = self._segment(sample)
