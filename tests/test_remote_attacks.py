@@ -254,3 +254,37 @@ def test_a_damaged_data_object_is_fetched_whole_once_per_process_not_at_every_re
     for more in range(3):
         epoch(seed + 1 + more)
     assert submitted.count(damaged) == before
+
+
+def test_closing_a_shard_while_its_background_fetch_runs_leaves_no_map(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """close() releases the maps; a whole fetch still running then mapped the data object into the closed shard,
+    which kept it (and the evicted file's disk space) for as long as the object lived."""
+    import threading
+
+    import varstore.remote_shard as remote_shard
+
+    url = "memory://attacks/close-while-fetching"
+    with varstore.ShardedWriter(url, "bytes", max_shard_records=100, overwrite=True) as writer:
+        writer.extend(bytes(1000) for _ in range(100))
+    downloading, release, fetched = threading.Event(), threading.Event(), threading.Event()
+    real_download, real_fetch = remote_shard.download_file, remote_shard.RemoteShard._fetch_in_background
+
+    def held_download(fs: Any, path: str, temporary: str, *, url: str) -> None:
+        if url.endswith(".data"):
+            downloading.set()
+            release.wait(CHILD_SECONDS)
+        real_download(fs, path, temporary, url=url)
+
+    def signalled_fetch(self: Any) -> None:
+        real_fetch(self)
+        fetched.set()
+
+    monkeypatch.setattr(remote_shard, "download_file", held_download)
+    monkeypatch.setattr(remote_shard.RemoteShard, "_fetch_in_background", signalled_fetch)
+    shard = varstore.open(url + "/shard-000000", cache_dir=tmp_path / "cache")
+    shard.get_batch(list(range(0, 100, 5)))  # past a sixteenth: the whole fetch starts
+    assert downloading.wait(CHILD_SECONDS)
+    shard.close()
+    release.set()
+    assert fetched.wait(CHILD_SECONDS)
+    assert shard._data_map is None

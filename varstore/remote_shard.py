@@ -325,6 +325,8 @@ class RemoteShard(ReaderBase):
             self._data_map = map_file(fd, self._data_size)
         finally:
             os.close(fd)
+        if getattr(self, "_closed", False):  # closed while a background fetch ran: close() did not see this map
+            self._release_data_map()
 
     def _fetch_and_open(self, url: str, size: int, crc32c: int, fs_path: str) -> int:
         """A descriptor of the cached copy of the object at `url` (fetched into the node cache if no process on
@@ -387,6 +389,9 @@ class RemoteShard(ReaderBase):
         self._closed = True
         self._count = 0
         self._index.close()
+        self._release_data_map()
+
+    def _release_data_map(self) -> None:
         data_map, self._data_map = self._data_map, None
         if isinstance(data_map, mmap.mmap):
             try:
