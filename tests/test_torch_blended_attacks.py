@@ -108,16 +108,24 @@ def test_a_source_named_with_a_lone_surrogate_blends_like_any_other():
     brute_force_check(blend, {name: 1, "code": 1}, 40)
 
 
-def test_a_schedule_of_300_segments_over_100_sources_is_built_in_well_under_two_seconds():
+def test_a_schedule_of_1000_segments_over_100_sources_is_built_without_fraction_arithmetic_per_tree_node(monkeypatch):
+    """Fraction sums at every tree node made this 4.5 s (O(s log s) Fraction operations a segment); integer prefix
+    sums over the common denominator make it about 1 s. Counted, not timed: a shared machine's timings are noisy."""
     names = [f"source{index:03d}" for index in range(100)]
     sources = {name: Sized(10**9) for name in names}
     schedule = [(step * 10**9, {name: (index * 7 + step) % 11 + 0.1 for index, name in enumerate(names)})
-                for step in range(300)]
+                for step in range(1000)]
+    operations = []
+    for method in ("__add__", "__radd__", "__truediv__", "__sub__"):
+        original = getattr(Fraction, method)
+        monkeypatch.setattr(Fraction, method, lambda *args, _original=original: operations.append(1) or _original(*args))
     started = time.perf_counter()
     blend = BlendedDataset(sources, schedule, num_samples=10**12)
-    assert time.perf_counter() - started < 2
+    assert time.perf_counter() - started < 20  # a guard against anything quadratic, not a benchmark
+    assert len(operations) == 0
+    monkeypatch.undo()
     assert sum(progress.samples for progress in blend.describe(10**12).values()) == 10**12
-    assert len(pickle.dumps(blend)) < 4 << 20
+    assert len(pickle.dumps(blend)) < 8 << 20
 
 
 def test_a_thousand_sources_keep_the_bound_of_five():
