@@ -11,6 +11,7 @@ import pytest
 
 import varstore
 from varstore import parts
+from varstore.conversion import convert
 from varstore.parts import PartWriter, commit_parts, new_run_id
 from varstore.remote.filesystems import list_sizes, open_filesystem
 
@@ -93,3 +94,14 @@ def test_an_overwrite_commit_at_a_url_keeps_other_runs_objects(s3_server: Any) -
                  overwrite=True, storage_options=options)
     fs, root = open_filesystem(url, options)
     assert {other[0]["name"] + suffix for suffix in (".data", ".index")} <= set(list_sizes(fs, root, url=url))
+
+
+@pytest.mark.parametrize("bad_line", [2, 5, 9])
+def test_a_bad_line_is_named_by_its_line_number_in_every_part(tmp_path: Path, bad_line: int) -> None:
+    """Each part's first line number must be its own (it named the next part's: an error in any part but the
+    last pointed at a line further down the file)."""
+    lines = [b'{"text": "line %d"}\r\n' % number for number in range(1, 13)]
+    lines[bad_line - 1] = b"{not json\r\n"
+    (tmp_path / "input.jsonl").write_bytes(b"".join(lines))
+    with pytest.raises(varstore.VarstoreError, match=rf"input\.jsonl, line {bad_line}: not valid JSON"):
+        convert(tmp_path / "input.jsonl", tmp_path / "dataset", workers=3, field="text")

@@ -319,14 +319,14 @@ def _line_parts(path: str, count: int) -> list[dict[str, Any]]:
     with open(path, "rb") as file:
         for position in range(1, count):
             starts.append(_after_newline(file, max(starts[-1], size * position // count), size))
-        lines, counted = [1], 0
+        lines, counted, newlines = [1], 0, 0
         file.seek(0)
         for start in starts[1:]:
             while counted < start:
                 chunk = file.read(min(_CHUNK_BYTES, start - counted))
-                lines[-1] += chunk.count(b"\n")
+                newlines += chunk.count(b"\n")
                 counted += len(chunk)
-            lines.append(lines[-1])
+            lines.append(newlines + 1)
     parts = [{"first": first, "stop": stop, "line": line} for first, stop, line in zip(starts, starts[1:] + [size], lines)]
     return [part for part in parts if part["stop"] > part["first"]] or [{"first": 0, "stop": 0, "line": 1}]
 
