@@ -105,3 +105,15 @@ def test_a_bad_line_is_named_by_its_line_number_in_every_part(tmp_path: Path, ba
     (tmp_path / "input.jsonl").write_bytes(b"".join(lines))
     with pytest.raises(varstore.VarstoreError, match=rf"input\.jsonl, line {bad_line}: not valid JSON"):
         convert(tmp_path / "input.jsonl", tmp_path / "dataset", workers=3, field="text")
+
+
+@pytest.mark.parametrize("run_id", ["*", "", "ABC", "12/..", 7])
+def test_a_run_id_not_made_by_new_run_id_is_refused_before_anything_is_removed(tmp_path: Path, run_id: Any) -> None:
+    """abandon_run globs this node's staging directories with the run id: "*" matched every run's."""
+    live = write_part(tmp_path, new_run_id(), 0, 0, [b"a live run's"])
+    with pytest.raises(varstore.VarstoreError, match="run_id must be"):
+        parts.abandon_run(tmp_path, run_id)
+    with pytest.raises(varstore.VarstoreError, match="run_id must be"):
+        commit_parts(tmp_path, [], run_id=run_id)
+    assert {live[0]["name"] + suffix for suffix in (".data", ".index")} <= set(os.listdir(tmp_path))
+    assert not (tmp_path / MANIFEST).exists()

@@ -85,10 +85,15 @@ def new_run_id() -> str:
     return secrets.token_hex(6)
 
 
-def part_prefix(run_id: str, part: int, attempt: int) -> str:
-    """The name every shard of attempt `attempt` of part `part` of run `run_id` starts with."""
+def _check_run_id(run_id: Any) -> None:
+    """Refuse a run id that is not `new_run_id`'s kind: it is put in names, prefixes and a glob pattern."""
     if not isinstance(run_id, str) or _RUN_ID.fullmatch(run_id) is None:
         raise VarstoreError(f"run_id must be 1 to 32 lowercase hex digits (new_run_id()), not {run_id!r}")
+
+
+def part_prefix(run_id: str, part: int, attempt: int) -> str:
+    """The name every shard of attempt `attempt` of part `part` of run `run_id` starts with."""
+    _check_run_id(run_id)
     for what, value in (("part", part), ("attempt", attempt)):
         if type(value) is not int or value < 0:
             raise VarstoreError(f"{what} must be a non-negative integer, not {value!r}")
@@ -208,6 +213,7 @@ def commit_parts(
     (whose lock the commit holds), every other run's unlisted part shards (what killed conversions left, under
     run ids nobody knows any more).
     """
+    _check_run_id(run_id)
     stored = make_codec(codec, dtype=dtype, shape=shape)
     entries = [_listed_entry(item, run_id, part) for part, items in enumerate(parts) for item in items]
     manifest = Manifest(stored.name, stored.params(), dict(metadata or {}), entries)
@@ -258,6 +264,7 @@ def refuse_existing_dataset(destination: str | os.PathLike[str], storage_options
 def abandon_run(destination: str | os.PathLike[str], run_id: str, storage_options: dict[str, Any] | None = None) -> None:
     """Remove every ``part-RUN-*`` file or object of run `run_id` at `destination` (the driver failed), but for
     those the live manifest lists: a commit that failed after its manifest was written stands."""
+    _check_run_id(run_id)
     if is_url(destination):
         path = str(destination).rstrip("/")
         fs, root = open_filesystem(path, storage_options)
