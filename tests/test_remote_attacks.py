@@ -1,5 +1,6 @@
-"""Attacks on the newest remote paths (issue 12): the background whole-shard fetch of `RemoteShard` at process
-exit and across fork, the node cache's notion of a dataset that fits, a damaged data object under a stream.
+"""Attacks on the newest remote paths (issue 12): the background whole-shard fetch of `RemoteShard` (process
+exit, fork, close, a damaged data object reopened past max_open_shards), the node cache's notion of a dataset
+that fits, a damaged data object under a stream, two remote writers of one URL, a huge planted journal object.
 memory:// for speed; child processes where exit or fork is the point."""
 
 from __future__ import annotations
