@@ -110,7 +110,7 @@ def _check_remote_dataset(source: RemoteDatasetSource, manifest: Manifest, progr
 
         def verify_shard(entry: ShardEntry = entry) -> None:
             # The index is fetched verified against the entry's CRC32C, the data against the header's.
-            with source.open_shard(entry, codec, verify_reads=False, replaced_check=_report_damage) as shard:
+            with source.open_shard(manifest, entry, codec, verify_reads=False, replaced_check=_report_damage, whole=True) as shard:
                 shard.verify(progress)
 
         _check(check, verify_shard)
