@@ -190,3 +190,35 @@ def test_a_float_tensor_of_samples_is_refused_as_a_varstore_error_naming_the_typ
     assert blend.__getitems__(torch.tensor([9, 0, 9])) == [blend.locate(9)[1], blend.locate(0)[1], blend.locate(9)[1]]
     with pytest.raises(VarstoreError, match="blend samples are integers, not Tensor"):
         blend.__getitems__(torch.tensor([1.0]))
+
+
+@settings(max_examples=30)
+@given(st.lists(st.tuples(st.integers(1, 40), st.dictionaries(st.sampled_from("abcde"), odd_weights, min_size=1)),
+                min_size=1, max_size=5),
+       st.integers(1, 40), st.integers(0, 3))
+def test_schedules_of_odd_weights_keep_each_segments_bound_carry_counts_and_use_records_once_per_epoch(steps, tail, seed):
+    steps = [(gap, weights) for gap, weights in steps if any(Fraction(w.item() if isinstance(w, np.generic) else w)
+                                                             for w in weights.values())]
+    if not steps:
+        return
+    starts = [sum(gap for gap, _ in steps[1 : index + 1]) for index in range(len(steps))]  # the first at 0
+    schedule = [(start, weights) for start, (_, weights) in zip(starts, steps)]
+    count = starts[-1] + tail
+    lengths = dict(zip("abcde", (1, 2, 3, 5, 7)))
+    blend = BlendedDataset({name: Sized(length) for name, length in lengths.items()}, schedule, num_samples=count, seed=seed)
+    walked = [(blend.names[source], record) for source, record in blend._records(range(count))]
+    for (start, weights), end in zip(schedule, starts[1:] + [count]):
+        # Each segment alone is a blend of its weights: the brute-force check holds from its start.
+        segment = walked[start:end]
+        exact = {name: Fraction(w.item() if isinstance(w, np.generic) else w) for name, w in weights.items()}
+        total, positive = sum(exact.values()), sum(1 for w in exact.values() if w)
+        bound = Fraction(math.ceil(math.log2(positive)), 2)
+        for prefix in range(1, len(segment) + 1):
+            names = [name for name, _ in segment[:prefix]]
+            assert all(abs(names.count(name) * total - weight * prefix) <= bound * total for name, weight in exact.items())
+        assert {name: p.samples for name, p in blend.describe(end).items()} == {
+            name: [taken for taken, _ in walked[:end]].count(name) for name in lengths
+        }
+    for name, length in lengths.items():
+        records = [record for taken, record in walked if taken == name]
+        assert all(len(set(records[i : i + length])) == len(records[i : i + length]) for i in range(0, len(records), length))
