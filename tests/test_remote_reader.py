@@ -658,3 +658,21 @@ def test_reads_stay_ranged_when_the_dataset_is_larger_than_the_cache_limit_and_a
     roomy = varstore.open(url, storage_options=s3_server.storage_options, cache_dir=tmp_path / "roomy")
     assert roomy.fits_in_cache and roomy.get_batch([3, 250, 399]) == [records[3], records[250], records[399]]
     assert _whole_data_gets(s3_server, bucket) == {}
+
+
+def test_the_shards_a_batch_touches_first_open_at_once(tmp_path, monkeypatch):
+    """Opening a remote shard waits on the network (its index): the shards of a first batch open together,
+    not one after another under one lock. Proven with a barrier every open must reach before any finishes."""
+    local = write_local(tmp_path / "local", [f"record {index}" for index in range(30)], shard_records=10)
+    fs, _ = open_filesystem("memory://opening/ds")
+    fs.put(str(local), "/opening/ds", recursive=True)
+    remote = varstore.open("memory://opening/ds")
+    barrier = threading.Barrier(3, timeout=10)
+    real_open_listed = varstore.RemoteShard.open_listed.__func__
+
+    def open_listed_at_the_barrier(cls: Any, *args: Any, **options: Any) -> Any:
+        barrier.wait()
+        return real_open_listed(cls, *args, **options)
+
+    monkeypatch.setattr(varstore.RemoteShard, "open_listed", classmethod(open_listed_at_the_barrier))
+    assert remote.get_batch([25, 3, 14]) == ["record 25", "record 3", "record 14"]

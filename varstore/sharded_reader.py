@@ -263,6 +263,7 @@ class ShardedReader(ReaderBase):
         self._readers: OrderedDict[int, Reader | RemoteShard] = OrderedDict()
         self._max_open = max_open_shards()
         self._lock = threading.Lock()
+        self._opening: dict[int, threading.Lock] = {}
         self._closed = False
 
     def _read_consistent_manifest(self) -> tuple[Manifest, Codec, dict[int, VarstoreError]]:
@@ -328,15 +329,21 @@ class ShardedReader(ReaderBase):
         if reader is not None:
             return reader
         with self._lock:
+            opening = self._opening.setdefault(position, threading.Lock())
+        with opening:  # one lock per shard: shards open at once (a remote open waits on the network)
             if self._closed:
                 raise ClosedError("the reader is closed", path=self.path)
             reader = self._readers.get(position)
             if reader is None:
                 reader = self._open_shard(position, whole)
-                self._readers[position] = reader
-                while len(self._readers) > self._max_open:
-                    # Dropped, not closed: another thread may still be reading it; freeing it unmaps it.
-                    self._readers.popitem(last=False)
+                with self._lock:
+                    if self._closed:  # closed while this shard opened
+                        reader.close()
+                        raise ClosedError("the reader is closed", path=self.path)
+                    self._readers[position] = reader
+                    while len(self._readers) > self._max_open:
+                        # Dropped, not closed: another thread may still be reading it; freeing it unmaps it.
+                        self._readers.popitem(last=False)
         return reader
 
     def _open_shard(self, position: int, whole: bool) -> Reader:
