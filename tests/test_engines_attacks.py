@@ -117,3 +117,11 @@ def test_a_run_id_not_made_by_new_run_id_is_refused_before_anything_is_removed(t
         commit_parts(tmp_path, [], run_id=run_id)
     assert {live[0]["name"] + suffix for suffix in (".data", ".index")} <= set(os.listdir(tmp_path))
     assert not (tmp_path / MANIFEST).exists()
+
+
+@pytest.mark.parametrize("workers", [0, -1, True, 1.0, 2.0, "2"])
+def test_workers_that_are_not_a_positive_integer_are_refused(tmp_path: Path, workers: Any) -> None:
+    (tmp_path / "input.txt").write_text("a\nb\n")
+    with pytest.raises(varstore.VarstoreError, match="workers must be a positive integer"):
+        convert(tmp_path / "input.txt", tmp_path / "dataset", workers=workers)
+    assert not (tmp_path / "dataset" / MANIFEST).exists()

@@ -55,7 +55,7 @@ def convert(
         kind = source_format(path, format)
         opened = open_source(path, kind, source_options)
         writer_options = {"max_shard_bytes": max_shard_bytes, "max_shard_records": max_shard_records, "storage_options": storage_options}
-        if workers == 1:
+        if workers == 1 and type(workers) is int:  # True and 1.0 are refused with the other non-integers
             with ShardedWriter(destination, **_codec_options(opened), metadata=dataset_metadata(opened, metadata),
                                overwrite=overwrite, **writer_options) as writer:
                 opened.write_to(writer, Progress())
