@@ -367,8 +367,8 @@ def _remove_leftovers(
     every_run: bool = False,
 ) -> None:
     """Remove the shards (and local staging directories) of run `run_id` not `listed` (of every run with
-    `every_run`: a commit, after which no unlisted part shard belongs to anything), and those of the replaced
-    dataset `previous` not listed again."""
+    `every_run`: a local overwrite commit, under the directory lock), and those of the replaced dataset
+    `previous` not listed again."""
     keep = {entry.name for entry in listed}
     prefix = f"part-{run_id}-"
 
