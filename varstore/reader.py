@@ -19,7 +19,6 @@ import numpy as np
 from . import format as fmt
 from .codecs import Codec
 from .errors import (
-    ClosedError,
     FormatError,
     MissingFileError,
     RecordIndexError,
@@ -366,10 +365,6 @@ class Reader(ReaderBase):
         self._index.verify(self._data_map, self._decode, progress)
 
     # -- life cycle --------------------------------------------------------------------------
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ClosedError("the reader is closed", path=self.path)
 
     def close(self) -> None:
         """Release the maps; arrays already returned stay valid until they are freed."""

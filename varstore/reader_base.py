@@ -17,7 +17,7 @@ import numpy as np
 
 from .checksum import crc32c
 from .codecs import Codec
-from .errors import DatasetReplacedError
+from .errors import ClosedError, DatasetReplacedError
 from . import format as fmt
 from .format import Header
 from .remote.filesystems import is_url
@@ -28,6 +28,7 @@ class ReaderBase:
 
     verify_reads: bool
     header: Header
+    _closed: bool
     kind = "shard"  # what the reader opened, as errors name it
     is_remote = False  # whether it reads from object storage (a URL)
     _codec: Codec
@@ -37,6 +38,10 @@ class ReaderBase:
 
     def close(self) -> None:
         raise NotImplementedError
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("the reader is closed", path=self.path)
 
     @property
     def path(self) -> str:

@@ -378,10 +378,6 @@ class RemoteShard(ReaderBase):
 
     # -- life cycle --------------------------------------------------------------------------
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ClosedError("the reader is closed", path=self.path)
-
     def close(self) -> None:
         """Release the maps; arrays already returned stay valid until they are freed."""
         if self._closed:
