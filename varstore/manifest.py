@@ -198,6 +198,14 @@ def read_manifest(directory: str) -> Manifest:
     return decode_manifest(raw, path=path)
 
 
+def damaged_manifest_refusal(error: Exception, path: str) -> ShardExistsError:
+    """What a writer not asked to overwrite raises on finding a damaged manifest: a dataset is there, its
+    shards unknown."""
+    return ShardExistsError(
+        f"a dataset already exists here (its manifest is damaged: {error}); pass overwrite=True to replace it", path=path
+    )
+
+
 def check_header_against_entry(header: fmt.Header, entry: ShardEntry, codec: Codec, index_path: str) -> None:
     """Refuse a shard whose header disagrees with its manifest entry: another shard, or a damaged entry or header."""
     facts = (

@@ -51,7 +51,7 @@ from .codecs import codec_from_stored
 from .errors import ConcurrentWriterError, FormatError, MissingFileError, ShardExistsError, StorageError, VarstoreError
 from .journal import JOURNAL_NAME, Journal, Run, check_codec, journal_path, max_journal_size, new_run, read_journal
 from .locking import DIRECTORY_LOCK_NAME
-from .manifest import MANIFEST_NAME, MAX_MANIFEST_SIZE, Manifest, ShardEntry, decode_manifest
+from .manifest import MANIFEST_NAME, MAX_MANIFEST_SIZE, Manifest, ShardEntry, damaged_manifest_refusal, decode_manifest
 from .remote.cache import default_cache_dir
 from .remote.filesystems import open_filesystem, read_object, upload_file, upload_manifest_bytes, with_retries
 from .run_start import StartedRun, number_after, numbered_shard_name, shard_number
@@ -152,10 +152,7 @@ class RemoteShardedWriter(ShardedWriter):
             return decode_manifest(raw, path=self._url(MANIFEST_NAME))
         except FormatError as error:
             if not replacing:
-                raise ShardExistsError(
-                    f"a dataset already exists here (its manifest is damaged: {error}); pass overwrite=True to replace it",
-                    path=self.path,
-                ) from None
+                raise damaged_manifest_refusal(error, self.path) from None
             return None
 
     def _start_new(self, interrupted: Run | None, replaces: int | None, overwrite: bool, first_number: int) -> None:

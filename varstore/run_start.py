@@ -17,7 +17,15 @@ from .codecs import Codec
 from .errors import CorruptRecordError, FormatError, MissingFileError, RecordTypeError, ShardExistsError, StorageError, VarstoreError
 from .journal import Journal, Run, check_codec, manifest_identity, new_run, read_journal
 from .locking import DIRECTORY_LOCK_NAME, LOCK_SUFFIX, is_locked, lock_shard, shard_lock_path
-from .manifest import MANIFEST_NAME, Manifest, ShardEntry, describe_shard, is_valid_shard_name, read_manifest
+from .manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    ShardEntry,
+    damaged_manifest_refusal,
+    describe_shard,
+    is_valid_shard_name,
+    read_manifest,
+)
 from .reader import Reader
 from .storage import TEMP_MARK, remove_quietly, remove_temporary_files
 
@@ -98,10 +106,7 @@ class _RunStart:
             return read_manifest(self.path)
         except (FormatError, StorageError) as error:
             if not replacing:
-                raise ShardExistsError(
-                    f"a dataset already exists here (its manifest is damaged: {error}); pass overwrite=True to replace it",
-                    path=self.path,
-                ) from None
+                raise damaged_manifest_refusal(error, self.path) from None
             return None
 
     def _start_run(self, interrupted: Run | None, replaces: int | None, overwrite: bool) -> None:
