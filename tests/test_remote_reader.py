@@ -676,3 +676,20 @@ def test_the_shards_a_batch_touches_first_open_at_once(tmp_path, monkeypatch):
 
     monkeypatch.setattr(varstore.RemoteShard, "open_listed", classmethod(open_listed_at_the_barrier))
     assert remote.get_batch([25, 3, 14]) == ["record 25", "record 3", "record 14"]
+
+
+def test_a_reader_of_a_node_whose_cache_holds_a_shard_reads_that_copy_without_a_request(s3_server, tmp_path):
+    """Once a shard is in the node cache (fetched whole by another reader of the node, or before this reader
+    dropped and reopened it), opening it reads the copy: no ranged GET of its data, not even the open's edges."""
+    records = [f"{index:05d}" * 40 for index in range(400)]
+    url = upload(s3_server, write_local(tmp_path / "local", records, shard_records=100), f"s3://{s3_server.new_bucket()}/ds")
+    bucket = url.split("/")[2]
+    first = varstore.open(url, storage_options=s3_server.storage_options, cache_dir=tmp_path / "cache")
+    first.verify()  # every data object whole into the node cache
+    before = len(s3_server.requests(bucket, method="GET"))
+    second = varstore.open(url, storage_options=s3_server.storage_options, cache_dir=tmp_path / "cache")
+    opened = len(s3_server.requests(bucket, method="GET"))
+    assert second.get_batch([399, 0, 250]) == [records[399], records[0], records[250]]
+    assert list(second) == records
+    assert len(s3_server.requests(bucket, method="GET")) == opened  # the reads: no request at all
+    assert opened - before == 1 + 1 + 4  # the open: one LIST, the manifest and the four index headers (§3.1)

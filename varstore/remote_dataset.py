@@ -89,7 +89,8 @@ class RemoteDatasetSource:
             verify_reads=verify_reads,
             replaced_check=lambda: self._check_replaced_if_reachable(replaced_check),
             fetch_whole_after=fetch_whole_after(entry.data_size, _cached_size(manifest), self.location.cache.limit_bytes),
-            whole_data_crc32c=entry.data_crc32c if whole else None,
+            data_crc32c=entry.data_crc32c,
+            whole=whole,
         )
         try:
             check_header_against_entry(shard.header, entry, codec, shard.index_path)

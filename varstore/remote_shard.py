@@ -90,19 +90,19 @@ class RemoteShard(ReaderBase):
         verify_reads: bool,
         replaced_check: ReplacedCheck,
         fetch_whole_after: int | None,
-        whole_data_crc32c: int | None = None,
+        data_crc32c: int,
+        whole: bool = False,
     ) -> RemoteShard:
-        """The shard at `location` whose (data, index) sizes and index CRC32C a manifest lists: no request
-        for what the manifest already says. `fetch_whole_after`: see `_note_ranged_read`. With
-        `whole_data_crc32c` (the manifest's data CRC32C) the data object is fetched whole first, and the
-        open's checks read the local copy."""
+        """The shard at `location` whose (data, index) sizes, index and data CRC32Cs a manifest lists: no
+        request for what the manifest already says. `fetch_whole_after`: see `_note_ranged_read`. With
+        `whole` the data object is fetched whole first, and the open's checks read the local copy."""
         shard = cls.__new__(cls)
         shard.path = location.url
         shard.verify_reads = verify_reads
         shard._location = location
         shard._replaced_check = replaced_check
         shard._fetch_whole_after = fetch_whole_after
-        shard._open_parts(*sizes, index_crc32c, whole_data_crc32c)
+        shard._open_parts(*sizes, index_crc32c, data_crc32c, whole)
         return shard
 
     # -- opening -----------------------------------------------------------------------------
@@ -116,19 +116,23 @@ class RemoteShard(ReaderBase):
         head = read_range(fs, index_path, 0, min(fmt.HEADER_SIZE, index_size), url=index_url, size=index_size)
         header = fmt.unpack_header(head, index_size=index_size, path=index_url)
         self._fetch_whole_after = fetch_whole_after(data_size, data_size + index_size, self._location.cache.limit_bytes)
-        self._open_parts(data_size, index_size, fmt.index_crc32c(header))
+        self._open_parts(data_size, index_size, fmt.index_crc32c(header), header.data_crc32c, False)
 
-    def _open_parts(self, data_size: int, index_size: int, index_crc32c: int, whole_data_crc32c: int | None = None) -> None:
+    def _open_parts(self, data_size: int, index_size: int, index_crc32c: int, data_crc32c: int, whole: bool) -> None:
         """Fetch the index (through the cache, verified against `index_crc32c`), check it as §1.3 says against
-        the data object's `data_size` and its first and last 4 KiB, and map it."""
+        the data object's `data_size` and its first and last 4 KiB, and map it. The data object is read from
+        a local copy if `whole` (fetched now) or if the node cache holds one already and may (a shard opened
+        again after a reader dropped it, or by another process of the node)."""
         self._data_path, self.data_path = self._location.sibling(fmt.DATA_SUFFIX)
         index_path, self.index_path = self._location.sibling(fmt.INDEX_SUFFIX)
         self._data_map: mmap.mmap | bytes | None = None
         self._ranged_bytes = 0
         self._whole_requested_by: int | None = os.getpid()  # not while opening: the open's own edge reads are not the reader's
         self._data_size = data_size
-        if whole_data_crc32c is not None:
-            self._map_whole_data(whole_data_crc32c)
+        if whole:
+            self._map_whole_data(data_crc32c)
+        elif self._fetch_whole_after is not None:
+            self._map_cached_data(data_crc32c)
         fd = self._fetch_and_open(self.index_path, index_size, index_crc32c, index_path)
         try:
             edges = fmt.edge_ranges(data_size)  # (offset, length) pairs
@@ -327,6 +331,22 @@ class RemoteShard(ReaderBase):
             os.close(fd)
         if getattr(self, "_closed", False):  # closed while a background fetch ran: close() did not see this map
             self._release_data_map()
+
+    def _map_cached_data(self, data_crc32c: int) -> None:
+        """Map the node cache's copy of the data object, if it has one (no request either way)."""
+        local = self._location.cache.cached(self.data_path, self._data_size, data_crc32c)
+        if local is None:
+            return
+        try:
+            fd = os.open(local, os.O_RDONLY)
+        except FileNotFoundError:
+            return  # evicted meanwhile: read by ranges
+        except OSError as error:
+            raise StorageError(f"cannot open the cached copy: {error.strerror or error}", path=local) from None
+        try:
+            self._data_map = map_file(fd, self._data_size)
+        finally:
+            os.close(fd)
 
     def _fetch_and_open(self, url: str, size: int, crc32c: int, fs_path: str) -> int:
         """A descriptor of the cached copy of the object at `url` (fetched into the node cache if no process on

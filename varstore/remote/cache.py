@@ -124,6 +124,13 @@ class NodeCache:
                 raise
         return final
 
+    def cached(self, key: str, size: int, crc32c: int) -> str | None:
+        """The local path of object `key` if this node has it already (marked used now), else None; never
+        downloads. Open it at once: it may be evicted later, never while open."""
+        size, crc32c = _checked_expectations(key, size, crc32c)
+        final = os.path.join(self.directory, object_name(key, size, crc32c))
+        return final if _use_if_cached(final, size) else None
+
     def evict(self, needed_bytes: int = 0) -> list[str]:
         """Unlink least-recently-used objects until the rest and `needed_bytes` fit the limit (or none is
         left), and remove the temporaries of dead downloads. Returns the paths it removed."""
