@@ -153,7 +153,10 @@ def table(results: dict[str, Any]) -> str:
     lines.append("")
     lines.append(f"Stall = time blocked in `next(loader)` / wall time over {BUDGET_S:.0f} s after the first batch; step = "
                  f"`time.sleep`; tokens workload ({meta['records']} records), batch 64, shuffled; "
-                 f"`{meta['command']}`, {meta['minutes']:.1f} min, load {meta['load_before']} → {meta['load_after']}.")
+                 f"`{meta['command']}`, {meta['minutes']:.1f} min, load {meta['load_before']} → {meta['load_after']}. "
+                 "Cold = the files' pages evicted right before the loader starts; a store that reads ahead re-caches a "
+                 "dataset smaller than memory within the run. `list in RAM` is the DataLoader's own cost (collation, "
+                 "and with workers the hand-over of each batch to the main process): no store can stall less.")
     return "\n".join(lines)
 
 
