@@ -54,7 +54,7 @@ from .locking import DIRECTORY_LOCK_NAME
 from .manifest import MANIFEST_NAME, MAX_MANIFEST_SIZE, Manifest, ShardEntry, damaged_manifest_refusal, decode_manifest
 from .remote.cache import default_cache_dir
 from .remote.filesystems import open_filesystem, read_object, upload_file, upload_manifest_bytes, with_retries
-from .run_start import StartedRun, number_after, numbered_shard_name, shard_number
+from .run_start import StartedRun, number_after, numbered_shard_name, refuse_unless_overwrite, shard_number
 from .sharded_writer import ShardedWriter
 from .storage import remove_quietly
 
@@ -157,13 +157,7 @@ class RemoteShardedWriter(ShardedWriter):
 
     def _start_new(self, interrupted: Run | None, replaces: int | None, overwrite: bool, first_number: int) -> None:
         """Begin a new run (a new dataset or an overwrite) whose shards are numbered from `first_number`."""
-        if replaces is not None and not overwrite:
-            raise ShardExistsError("a dataset already exists here; pass overwrite=True to replace it", path=self.path)
-        if interrupted is not None and not overwrite:
-            raise ShardExistsError(
-                "an interrupted writer left shards here: pass resume=True to continue it, or overwrite=True to start again",
-                path=self.path,
-            )
+        refuse_unless_overwrite(interrupted, replaces, overwrite, self.path)
         self._remote_run = new_run(self._codec.name, self._codec.params(), replaces)
         self._remote_run.begun = [numbered_shard_name(first_number, self.path)]
         # The new journal replaces the old one before the caller deletes the old run's objects: a kill in

@@ -32,6 +32,18 @@ from .storage import TEMP_MARK, remove_quietly, remove_temporary_files
 _NUMBERED_SHARD = re.compile(r"shard-(\d{6,})")
 
 
+def refuse_unless_overwrite(interrupted: Run | None, replaces: int | None, overwrite: bool, path: str) -> None:
+    """A new run (not a resume) may replace a dataset (`replaces`) or discard an interrupted run's shards only
+    with ``overwrite=True``."""
+    if replaces is not None and not overwrite:
+        raise ShardExistsError("a dataset already exists here; pass overwrite=True to replace it", path=path)
+    if interrupted is not None and not overwrite:
+        raise ShardExistsError(
+            "an interrupted writer left shards here: pass resume=True to continue it, or overwrite=True to start again",
+            path=path,
+        )
+
+
 @dataclass
 class StartedRun:
     """What a writer continues from once its run has begun: the dataset it replaces and the shards it adopted."""
@@ -111,13 +123,7 @@ class _RunStart:
 
     def _start_run(self, interrupted: Run | None, replaces: int | None, overwrite: bool) -> None:
         """Begin a new run (a new dataset or an overwrite); an interrupted run's shards are discarded."""
-        if replaces is not None and not overwrite:
-            raise ShardExistsError("a dataset already exists here; pass overwrite=True to replace it", path=self.path)
-        if interrupted is not None and not overwrite:
-            raise ShardExistsError(
-                "an interrupted writer left shards here: pass resume=True to continue it, or overwrite=True to start again",
-                path=self.path,
-            )
+        refuse_unless_overwrite(interrupted, replaces, overwrite, self.path)
         numbered = list(self._live_names)
         if interrupted is not None:
             numbered += interrupted.begun
