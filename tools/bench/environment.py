@@ -9,6 +9,7 @@ when its adapter fails to import.
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 import venv
@@ -83,3 +84,11 @@ def ensure() -> Path:
 def active() -> bool:
     """Whether this interpreter is the one in ``.venv-bench``."""
     return Path(sys.prefix).resolve() == VENV.resolve()
+
+
+def run_in_bench_venv(script: str) -> None:
+    """Unless this is ``.venv-bench``'s interpreter: set it up if needed and run `script` again there, with the
+    same arguments (this process is replaced)."""
+    if not active():
+        python = ensure()
+        os.execv(python, [str(python), script, *sys.argv[1:]])

@@ -340,9 +340,7 @@ def main() -> int:
     if arguments.child:
         child_main(arguments.child)
         return 0
-    if not environment.active():
-        python = environment.ensure()
-        os.execv(python, [str(python), __file__, *sys.argv[1:]])
+    environment.run_in_bench_venv(__file__)
     sys.path.insert(0, str(ROOT))  # tests/helpers_fault_proxy.py
     import logging
 

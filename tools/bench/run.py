@@ -111,9 +111,7 @@ def measure_peer(run: StepRunner, peer: str) -> dict[str, Any]:
 
 def main() -> int:
     arguments = _arguments()
-    if not environment.active():
-        python = environment.ensure()
-        os.execv(python, [str(python), __file__, *sys.argv[1:]])
+    environment.run_in_bench_venv(__file__)
     from bench import report
     from bench.machine import describe_machine
     from bench.peers import PEER_MODULES

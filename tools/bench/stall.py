@@ -195,9 +195,7 @@ def main() -> int:
     if arguments.measure:
         _measure_in_subprocess(arguments)
         return 0
-    if not environment.active():
-        python = environment.ensure()
-        os.execv(python, [str(python), __file__, *sys.argv[1:]])
+    environment.run_in_bench_venv(__file__)
     from bench.machine import describe_machine
     from bench.peers import PEER_MODULES
     from bench.run import _load
