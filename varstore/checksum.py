@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import mmap
-from typing import Callable, Union
+from array import array
+from typing import Callable, Sequence, Union
 
+import numpy as np
 from crc32c import crc32c
 
-__all__ = ["Buffer", "crc32c", "crc32c_combine", "crc32c_of_range"]
+from ._native import speedups
+
+__all__ = ["Buffer", "crc32c", "crc32c_combine", "crc32c_of_range", "crc32c_of_ranges", "crc32c_of_each"]
 
 Buffer = Union[bytes, bytearray, memoryview, mmap.mmap]
 
@@ -76,3 +80,21 @@ def crc32c_of_range(
         if progress is not None:
             progress(chunk_end - position)
     return value
+
+
+def crc32c_of_ranges(buffer: Buffer, offsets: np.ndarray) -> np.ndarray:
+    """The CRC32C of each ``buffer[offsets[k]:offsets[k + 1]]`` (offsets never decreasing, within `buffer`), as uint32."""
+    if speedups is not None:
+        return np.frombuffer(speedups.crc32c_ranges(buffer, np.asarray(offsets).astype("<u8", copy=False)), np.uint32)
+    bounds = np.asarray(offsets).tolist()
+    with memoryview(buffer) as view:
+        return np.fromiter(map(crc32c, map(view.__getitem__, map(slice, bounds, bounds[1:]))), np.uint32, len(bounds) - 1)
+
+
+def crc32c_of_each(payloads: Sequence[Buffer]) -> array:
+    """The CRC32C of each payload, as an ``array("I")``."""
+    if speedups is not None:
+        checksums = array("I")
+        checksums.frombytes(speedups.crc32c_each(payloads))
+        return checksums
+    return array("I", map(crc32c, payloads))

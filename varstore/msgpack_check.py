@@ -9,9 +9,15 @@ than bytes remain, nested at most `MAX_DEPTH` deep, using no extension type but
 the one allowed, and whose maps have only str and integer keys, none twice (so a
 record decodes to one dict whatever the decoder, and every key is hashable).
 After it passes, unpacking allocates in proportion to the payload.
+
+The C extension's `msgpack_passes` answers first where it is built: True only for
+a payload this check accepts (it declines maps of more than 32 keys), so this
+walk runs only to refuse a payload, with its message, or to accept a large map.
 """
 
 from __future__ import annotations
+
+from ._native import speedups
 
 # The deepest nesting of containers a record may have (spec §2.2); writers run this same check.
 MAX_DEPTH = 512
@@ -76,6 +82,8 @@ def _map_key(payload: bytes, position: int) -> tuple[int | bytes, int]:
 
 def check_msgpack(payload: bytes, ext_type: int) -> None:
     """Raise ValueError unless `payload` is one well-formed, bounded msgpack object (see the module docstring)."""
+    if speedups is not None and speedups.msgpack_passes(payload, ext_type):
+        return
     end = len(payload)
     position = 0
     remaining = 1  # elements still expected by the innermost open container (the payload counts as one)

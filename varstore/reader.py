@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence
 import numpy as np
 
 from . import format as fmt
+from ._native import speedups
 from .codecs import Codec
 from .errors import (
     FormatError,
@@ -187,6 +188,16 @@ class Reader(ReaderBase):
             raise FormatError("verify_reads=True but this shard was written without record checksums", path=self.index_path)
         self._buffer = record_buffer(self._codec, self._data_map)
         self._decode, self._rows, self._bool_bytes = self._buffer.decode, self._buffer.rows, self._buffer.bool_bytes
+        self._slicer = self._record_slicer()
+        self._fast_get = self._slicer and self._slicer.get
+        self._fast_batch = self._slicer and self._slicer.get_batch
+
+    def _record_slicer(self) -> Any:
+        """The C extension's reads of ``bytes`` and ``str`` records, which decline (None) whenever a record
+        needs the Python path's checks or error; None without the extension, other codecs or verify_reads."""
+        if speedups is None or self.verify_reads or self._codec.name not in ("bytes", "str"):
+            return None
+        return speedups.RecordSlicer(self._index_map, self._offsets_start, self._count, self._data_map, self._codec.name == "str")
 
     # -- description -------------------------------------------------------------------------
 
@@ -226,6 +237,8 @@ class Reader(ReaderBase):
     # -- single reads ------------------------------------------------------------------------
 
     def __getitem__(self, index: Any) -> Any:
+        if self._fast_get is not None and (record := self._fast_get(index)) is not None:
+            return record
         if index.__class__ is not int:
             return self._get_other(index)
         count = self._count
@@ -274,6 +287,8 @@ class Reader(ReaderBase):
 
     def get_batch(self, indices: Sequence[int] | np.ndarray) -> list[Any]:
         """Records at `indices`, in that order; offsets are gathered and checked with numpy in one pass."""
+        if self._fast_batch is not None and (records := self._fast_batch(indices)) is not None:
+            return records
         indices = self._check_indices(indices)
         starts, ends = self._checked_ranges(indices)
         return self._decode_ranges(indices, starts, ends)
@@ -372,6 +387,9 @@ class Reader(ReaderBase):
             return
         self._closed = True
         self._count = 0
+        if self._slicer is not None:
+            self._slicer.release()  # before the maps close: it holds a view of each
+        self._slicer = self._fast_get = self._fast_batch = None
         self._offsets = self._decode = self._rows = self._bool_bytes = self._buffer = None  # type: ignore[assignment]
         self._index.close()
         if isinstance(self._data_map, mmap.mmap):

@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from . import format as fmt
-from .checksum import crc32c, crc32c_of_range
+from .checksum import crc32c, crc32c_of_range, crc32c_of_ranges
 from .codecs import Codec, check_bool_bytes, codec_from_stored
 from .errors import CorruptRecordError, FormatError
 from .format import Header
@@ -323,11 +323,10 @@ class ShardIndex:
     def _bad_checksums(self, view: memoryview, chunk_start: int, offsets: np.ndarray) -> list[int]:
         """Records of the chunk starting at `chunk_start` (bounded by `offsets`) whose CRC32C is not the stored one.
 
-        One C-level map over the records computes the checksums; numpy compares them all at once.
+        One call checksums the records (`crc32c_of_ranges`); numpy compares them all at once.
         """
-        bounds = offsets.tolist()
-        count = len(bounds) - 1
-        actual = np.fromiter(map(crc32c, map(view.__getitem__, map(slice, bounds, bounds[1:]))), np.uint32, count)
+        count = len(offsets) - 1
+        actual = crc32c_of_ranges(view, offsets)
         wrong = np.flatnonzero(actual != self.checksums[chunk_start : chunk_start + count])  # type: ignore[index]
         return (wrong + chunk_start).tolist()
 
