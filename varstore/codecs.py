@@ -161,6 +161,11 @@ class NdarrayCodec(Codec):
         self.dtype = canonical_dtype(dtype)
         self.shape = trailing_shape(shape)
         self.row_size = self.dtype.itemsize * math.prod(self.shape)
+        self._ndim = 1 + len(self.shape)
+        # numpy's own instance of the dtype, which arrays of it carry: encode's fast path tests identity, not
+        # equality (None for |b1, whose bytes encode must check, and where byte order makes the dtype another).
+        native = np.dtype(self.dtype.name) if self.dtype.kind != "b" else None
+        self._plain_dtype = native if native == self.dtype else None
         if self.row_size > MAX_ROW_SIZE:
             raise RecordTypeError(
                 f"rows of shape {self.shape} and dtype {self.dtype.str} would be {self.row_size} bytes, "
@@ -170,7 +175,10 @@ class NdarrayCodec(Codec):
     def params(self) -> dict[str, Any]:
         return {"dtype": self.dtype.str, "shape": list(self.shape)}
 
-    def encode(self, record: Any) -> memoryview:
+    def encode(self, record: Any) -> bytes | memoryview:
+        if record.__class__ is np.ndarray and record.dtype is self._plain_dtype and record.ndim == self._ndim \
+                and record.shape[1:] == self.shape:
+            return record.tobytes()  # the usual record: exactly the shard's dtype, one copy in C order
         array = np.asarray(record)
         if array.ndim != 1 + len(self.shape) or array.shape[1:] != self.shape:
             raise RecordTypeError(f"record of shape {array.shape} does not fit the shard's shape (L, *{self.shape})")

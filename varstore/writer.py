@@ -11,7 +11,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from . import format as fmt
-from .checksum import crc32c
+from .checksum import crc32c, crc32c_of_each, crc32c_of_ranges
 from .codecs import Codec, make_codec
 from .errors import ClosedError, RecordTypeError, ShardExistsError, VarstoreError
 from .locking import WriterLock, lock_shard
@@ -141,6 +141,7 @@ class Writer:
         self.data_path, self.index_path = fmt.shard_paths(self.path)
         self._overwrite = overwrite
         self._codec: Codec = make_codec(codec, dtype=dtype, shape=shape)
+        self._encode = self._codec.encode
         self.codec = self._codec.name
         self._metadata = fmt.encode_metadata(self._codec.params(), dict(metadata or {}))
         self._flags = fmt.FLAG_RECORD_CHECKSUMS if checksums else 0
@@ -190,13 +191,21 @@ class Writer:
 
     def append(self, record: Any) -> int:
         """Add one record; returns its index in the shard."""
-        if self._closed:
-            raise ClosedError("append to a closed writer", path=self.path)
         try:
-            payload = self._codec.encode(record)
+            payload = self._encode(record)
         except RecordTypeError as error:
+            if self._closed:
+                raise ClosedError("append to a closed writer", path=self.path) from None
             raise refused_record(error, self._record_count, self.path) from None
-        self._add_payload(payload, len(payload))
+        size = len(payload)
+        if size > self._room:  # the buffer is full, the record large, or the writer closed (room -1)
+            self._add_beyond_buffer(payload, size)
+            return self._record_count - 1
+        # _add_payload, inlined: this is the per-record path
+        self._buffered.append(payload if payload.__class__ is bytes else bytes(payload))
+        self._room -= size + _BUFFERED_RECORD_COST
+        self._data_size += size
+        self._record_count += 1
         return self._record_count - 1
 
     def extend(self, records: Iterable[Any]) -> None:
@@ -222,8 +231,7 @@ class Writer:
             raise VarstoreError(f"the shard would exceed {fmt.MAX_DATA_SIZE} bytes", path=self.path)
         self._flush_data()  # the buffered records' offsets and checksums come first
         if self._flags:
-            bounds = [0, *ends.tolist()]
-            self._checksums.extend(crc32c(payload[start:end]) for start, end in zip(bounds, bounds[1:]))
+            self._checksums.frombytes(crc32c_of_ranges(payload, np.concatenate(([0], ends))).tobytes())
         self._write_data(payload)
         self._offsets.frombytes((ends + self._data_size).astype(np.uint64).tobytes())
         self._data_size += len(payload)
@@ -245,6 +253,8 @@ class Writer:
 
     def _add_beyond_buffer(self, payload: bytes | bytearray | memoryview, size: int) -> None:
         """A record the buffer has no room for: flush it, then buffer the record, or write it at once if large."""
+        if self._closed:
+            raise ClosedError("append to a closed writer", path=self.path)
         if self._data_size + size > fmt.MAX_DATA_SIZE:
             raise VarstoreError(f"the shard would exceed {fmt.MAX_DATA_SIZE} bytes", path=self.path)
         self._flush_data()
@@ -276,7 +286,7 @@ class Writer:
             next(ends)  # the offset where the buffer starts is there already
             self._offsets.extend(ends)
             if self._flags:
-                self._checksums.extend(map(crc32c, payloads))
+                self._checksums.extend(crc32c_of_each(payloads))
             self._buffered = []
             self._write_data(data)
             self._spool_if_full()
@@ -321,6 +331,7 @@ class Writer:
             self._discard()
             raise
         self._closed = True
+        self._room = -1  # append's one check then sends it to _add_beyond_buffer, which refuses
 
     def abort(self) -> None:
         """Discard everything written; no file is left under the final or temporary names. In a forked child
@@ -376,6 +387,7 @@ class Writer:
 
     def _discard(self) -> None:
         self._closed = True
+        self._room = -1
         self._close_fds()
         remove_quietly(list(self._temporary.values()))
         self._release_lock()
