@@ -3,8 +3,9 @@
 Split from `Reader` so that any way of reaching a shard's data (a memory map of
 the local data file, or ranged reads of a remote one) checks it against the same
 index with the same rules and errors. The index opens from a file descriptor with
-``pread`` (§1.3's checks) and is then mapped; the data is never read here except
-the bytes a caller hands in.
+``pread`` (§1.3's checks) and is then mapped, and an index of up to `PREFETCH_LIMIT`
+bytes is read into the page cache in the background; the data is never read here
+except the bytes a caller hands in.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from .format import Header
 _OFFSET = struct.Struct("<Q")
 _MAX_LISTED_RECORDS = 20
 _UTF8_PIECE = 8 << 20
+# Indexes up to this size are read into the page cache at open (`prefetch_index`): ~2.8 M records with checksums.
+PREFETCH_LIMIT = 32 << 20
+PREFETCH_CHUNK = 128 << 10  # at most the smallest usual readahead window (read_ahead_kb = 128)
 ITERATION_CHUNK = 4096  # records per chunk of a scan (verify here, iteration in `Reader`)
 DECODE_ERRORS = (ValueError, TypeError, UnicodeDecodeError)  # what a codec's decode raises on bad bytes
 
@@ -43,6 +47,25 @@ def map_file(fd: int, size: int) -> mmap.mmap | bytes:
     if hasattr(mapped, "madvise"):
         mapped.madvise(mmap.MADV_RANDOM)
     return mapped
+
+
+def prefetch_index(fd: int, size: int) -> bool:
+    """Ask the kernel to read an index of at most `PREFETCH_LIMIT` bytes into the page cache, without waiting.
+
+    A cold random read then faults only its data page, not an index page too. The advice
+    is sent in `PREFETCH_CHUNK` pieces because the kernel reads at most one readahead
+    window per call. Larger indexes are left to fault in page by page, so opening stays
+    cheap (each prefetched MiB costs the call ~0.1 ms) and a reader of a few records of
+    a huge shard does not read its whole index. Returns whether the advice was given.
+    """
+    if size > PREFETCH_LIMIT or not hasattr(os, "posix_fadvise"):
+        return False
+    try:
+        for offset in range(0, size, PREFETCH_CHUNK):
+            os.posix_fadvise(fd, offset, min(PREFETCH_CHUNK, size - offset), os.POSIX_FADV_WILLNEED)
+    except OSError:  # advice the file system refuses is no reason to refuse the shard
+        return False
+    return True
 
 
 def pread_exactly(fd: int, size: int, offset: int, path: str) -> bytes:
@@ -115,7 +138,8 @@ class ShardIndex:
     def open(
         cls, index_fd: int, data_size: int, read_data: Callable[[int, int], bytes], *, index_path: str, data_path: str
     ) -> ShardIndex:
-        """Check the index open as `index_fd` against a `data_size`-byte data file, reading with `pread` only, then map it.
+        """Check the index open as `index_fd` against a `data_size`-byte data file, reading with `pread` only, then map it
+        (and `prefetch_index` it, so that a cold read faults in its data page only).
 
         `read_data(offset, length)` returns that range of the data file (for the first/last 4 KiB
         checksum). No check reads through a map: a page of a sparse file on a full tmpfs cannot
@@ -152,7 +176,9 @@ class ShardIndex:
                 "data file does not match its index (first/last 4 KiB checksum differs): wrong or damaged data file",
                 path=data_path,
             )
-        return cls(map_file(index_fd, index_size), header, codec, data_size, index_path=index_path, data_path=data_path)
+        index_map = map_file(index_fd, index_size)
+        prefetch_index(index_fd, index_size)
+        return cls(index_map, header, codec, data_size, index_path=index_path, data_path=data_path)
 
     def metadata(self) -> dict[str, Any]:
         """The user metadata the writer stored, parsed from the mapped index."""
