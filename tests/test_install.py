@@ -8,6 +8,7 @@ the fixture fails and says so.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -27,19 +28,24 @@ class InstalledWheel:
     python: Path
     workdir: Path
 
-    def run(self, *command: str) -> subprocess.CompletedProcess[str]:
-        """Run a command from the venv's bin/ in an empty folder (so the checkout is not on sys.path)."""
+    def run(self, *command: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        """Run a command from the venv's bin/ in an empty folder (so the checkout is not on sys.path), with
+        `env` added to the environment."""
         executable = self.python.parent / command[0]
         return subprocess.run(
-            [str(executable), *command[1:]], cwd=self.workdir, capture_output=True, text=True, timeout=60
+            [str(executable), *command[1:]], cwd=self.workdir, capture_output=True, text=True, timeout=60,
+            env={**os.environ, **(env or {})},
         )
 
 
 def _copy_sources(destination: Path) -> None:
-    """What the wheel is built from: the project metadata and the package, without caches."""
-    for name in ("pyproject.toml", "README.md"):
+    """What the wheel is built from: the project metadata, setup.py and the package, without caches or the
+    work tree's built extension (so the wheel compiles varstore/_speedups.c, as a user's install does)."""
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy2(ROOT / name, destination / name)
-    shutil.copytree(ROOT / "varstore", destination / "varstore", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(
+        ROOT / "varstore", destination / "varstore", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", "*.pyd")
+    )
 
 
 def _checked(command: list[str], what: str, timeout: float) -> None:
@@ -107,3 +113,43 @@ def test_varstore_command_of_the_wheel_reads_a_store_its_python_wrote(installed_
     assert info.returncode == 0, info.stderr
     assert "records    2" in info.stdout.splitlines()
     assert "payload    5 bytes, 2.5 bytes per record on average" in info.stdout
+
+
+def test_sources_the_wheel_is_built_from_hold_no_built_extension(tmp_path: Path) -> None:
+    _copy_sources(tmp_path)
+    assert (tmp_path / "setup.py").is_file() and (tmp_path / "varstore" / "_speedups.c").is_file()
+    assert not [path.name for path in (tmp_path / "varstore").iterdir() if path.suffix in (".so", ".pyd")]
+
+
+def test_wheel_compiles_the_c_extension_on_this_machine(installed_wheel: InstalledWheel) -> None:
+    with zipfile.ZipFile(installed_wheel.wheel) as archive:
+        built = [name for name in archive.namelist() if name.startswith("varstore/_speedups") and name.endswith(".so")]
+    assert built, f"no compiled extension in {installed_wheel.wheel.name} (is gcc installed?)"
+    assert not installed_wheel.wheel.name.endswith("-none-any.whl"), "a wheel with a C extension is platform-specific"
+    check = "import varstore._native as native; assert native.speedups is not None, 'not built'; print(native.speedups.__file__)"
+    result = installed_wheel.run("python", "-c", check)
+    assert result.returncode == 0, result.stderr
+    assert Path(result.stdout.strip()).is_relative_to(installed_wheel.python.parent.parent), result.stdout
+
+
+_ROUND_TRIP = """
+import numpy as np, varstore, varstore._native as native
+assert native.speedups is {expected}
+for codec, records in (("bytes", [b"abc", b"", b"d" * 70000]), ("str", ["h\u00e9", ""]), ("msgpack", [{{"a": [1, 2]}}, {{5: None}}])):
+    with varstore.Writer(codec, codec) as writer:
+        writer.extend(records)
+    with varstore.open(codec) as reader:
+        assert list(reader) == records and reader.get_batch([-1, 0]) == [records[-1], records[0]], codec
+        assert reader[len(records) - 1] == records[-1]
+        reader.verify()
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("disabled", [False, True], ids=["with the extension", "VARSTORE_NO_EXTENSION=1"])
+def test_wheel_writes_reads_and_verifies_with_and_without_the_extension(installed_wheel: InstalledWheel, disabled: bool) -> None:
+    (installed_wheel.workdir / ("disabled" if disabled else "enabled")).mkdir()
+    script = f"import os; os.chdir({'disabled' if disabled else 'enabled'!r})\n" + _ROUND_TRIP.format(expected="None" if disabled else "not None")
+    result = installed_wheel.run("python", "-c", script, env={"VARSTORE_NO_EXTENSION": "1" if disabled else "0"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
