@@ -1,0 +1,57 @@
+"""varstore without its C extension: the pure-Python paths a machine without a compiler runs pass the tests too.
+
+With ``VARSTORE_NO_EXTENSION=1`` `varstore._native.speedups` is None and every caller takes its Python path
+(checksums, the msgpack check, record reads). A child pytest runs a representative part of the suite (codecs,
+reads, damage, writes, verification, the spec's vectors) that way; the full suite runs with the extension.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# About 25 s on a quiet machine: the codec, reader, writer, damage, verify and spec-vector tests.
+PURE_PYTHON_TESTS = [
+    "tests/test_codec_properties.py",
+    "tests/test_codec_params.py",
+    "tests/test_msgpack_encoding.py",
+    "tests/test_bool_records.py",
+    "tests/test_reader.py",
+    "tests/test_reader_damage.py",
+    "tests/test_untrusted_input.py",
+    "tests/test_corruption.py",
+    "tests/test_writer.py",
+    "tests/test_writer_append_buffer.py",
+    "tests/test_writer_reader_agreement.py",
+    "tests/test_boundaries.py",
+    "tests/test_verify_every_rule.py",
+    "tests/test_spec_vectors.py",
+]
+CHILD_TIMEOUT = 150  # below the test's own 180 s, so a hang reports as this test's failure with the child's output
+
+
+def without_extension() -> dict[str, str]:
+    return {**os.environ, "VARSTORE_NO_EXTENSION": "1"}
+
+
+def test_no_extension_variable_leaves_varstore_without_its_extension():
+    check = ("import varstore._native as native, varstore.reader, varstore.checksum, varstore.msgpack_check; "
+             "assert native.speedups is None; "
+             "assert varstore.reader.speedups is varstore.checksum.speedups is varstore.msgpack_check.speedups is None")
+    result = subprocess.run([sys.executable, "-c", check], cwd=ROOT, env=without_extension(), capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+
+
+def test_suite_passes_on_the_pure_python_paths():
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", *PURE_PYTHON_TESTS],
+        cwd=ROOT, env=without_extension(), capture_output=True, text=True, timeout=CHILD_TIMEOUT,
+    )
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    summary = result.stdout.strip().splitlines()[-1]
+    assert " passed" in summary and "skipped" not in summary, summary
