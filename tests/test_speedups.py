@@ -224,9 +224,6 @@ def test_crc32c_of_ranges_and_of_each_agree_with_and_without_the_extension(seed,
     assert fast == slow
 
 
-@pytest.mark.xfail(strict=True, reason="checksum.crc32c_of_ranges hands a non-contiguous offsets array to "
-                   "crc32c_ranges (astype(copy=False) keeps it strided): ValueError 'ndarray is not C-contiguous', "
-                   "where the Python path checksums it; no caller passes one today")
 def test_crc32c_of_ranges_takes_strided_offsets_as_the_python_path_does():
     offsets = np.array([0, 1, 2, 3, 4, 5], np.uint64)[::2]
     with extension_disabled():

@@ -85,7 +85,7 @@ def crc32c_of_range(
 def crc32c_of_ranges(buffer: Buffer, offsets: np.ndarray) -> np.ndarray:
     """The CRC32C of each ``buffer[offsets[k]:offsets[k + 1]]`` (offsets never decreasing, within `buffer`), as uint32."""
     if speedups is not None:
-        return np.frombuffer(speedups.crc32c_ranges(buffer, np.asarray(offsets).astype("<u8", copy=False)), np.uint32)
+        return np.frombuffer(speedups.crc32c_ranges(buffer, np.ascontiguousarray(offsets, "<u8")), np.uint32)
     bounds = np.asarray(offsets).tolist()
     with memoryview(buffer) as view:
         return np.fromiter(map(crc32c, map(view.__getitem__, map(slice, bounds, bounds[1:]))), np.uint32, len(bounds) - 1)

@@ -121,12 +121,21 @@ class Codec:
         """A `decode` specialised to one mapped data file, prepared once when a shard opens."""
         return self.decode
 
+    def encode_many(self, records: list[Any]) -> list[bytes]:
+        """Each record's payload as immutable bytes (RecordTypeError if any is refused)."""
+        return [payload if payload.__class__ is bytes else bytes(payload) for payload in map(self.encode, records)]
+
 
 class BytesCodec(Codec):
     id, name = 0, "bytes"
 
+    def encode_many(self, records: list[Any]) -> list[bytes]:
+        if set(map(type, records)) <= {bytes}:  # the usual chunk: no call per record
+            return records
+        return super().encode_many(records)
+
     def encode(self, record: Any) -> bytes | bytearray | memoryview:
-        if isinstance(record, (bytes, bytearray)):
+        if record.__class__ is bytes or isinstance(record, (bytes, bytearray)):
             return record
         if isinstance(record, memoryview):
             return record.cast("B") if record.c_contiguous else record.tobytes()

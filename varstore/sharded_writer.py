@@ -5,7 +5,7 @@ from __future__ import annotations
 import glob
 import os
 import re
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -38,7 +38,7 @@ from .storage import (
     sync_directory,
 )
 from .reader import Reader
-from .writer import Writer, flat_payloads, refused_record
+from .writer import Writer, extend_in_chunks, flat_payloads, refused_record
 
 _DIGITS = re.compile(r"(\d+)")
 
@@ -198,29 +198,44 @@ class ShardedWriter:
         return self._record_count - 1
 
     def extend(self, records: Iterable[Any]) -> None:
-        append = self.append
-        for record in records:
-            append(record)
+        """Append every record of an iterable, as `append` would one by one, but a chunk at a time (`extend_in_chunks`)."""
+        extend_in_chunks(records, self._codec, self.append, self._add_payloads)
+
+    def _add_payloads(self, payloads: list[bytes]) -> None:
+        if self._failure is not None or self._closed:
+            self._check_writable("extend")
+        for writer, first, stop in self._shard_runs(np.cumsum(np.fromiter(map(len, payloads), np.int64, len(payloads)))):
+            try:
+                writer._add_payloads(payloads[first:stop])
+            except StorageError as error:
+                raise self._fail(writer, error) from None
+            self._record_count += stop - first
 
     def extend_flat(self, values: Any, lengths: Any) -> None:
         """Append many records given as one flat buffer and their lengths, as `Writer.extend_flat` does, starting new shards as needed."""
         self._check_writable("extend_flat")
         payload, ends = flat_payloads(self._codec, values, lengths, self._record_count, self.path)
+        for writer, first, stop in self._shard_runs(ends):
+            start = int(ends[first - 1]) if first else 0
+            try:
+                writer._add_flat(payload[start : int(ends[stop - 1])], ends[first:stop] - start)
+            except StorageError as error:
+                raise self._fail(writer, error) from None
+            self._record_count += stop - first
+
+    def _shard_runs(self, ends: np.ndarray) -> Iterator[tuple[Writer, int, int]]:
+        """Records ending at byte `ends[k]` split into runs [first, stop), each going whole to the shard yielded with
+        it under the limits; shards roll over between runs (`_writer_for`), and a record never splits."""
         first, start = 0, 0
         while first < len(ends):
-            # _writer_for rolls over if record `first` does not fit; then every record up to the limits goes in one call.
+            # _writer_for rolls over if record `first` does not fit; then every record up to the limits goes in one run.
             writer = self._writer_for(int(ends[first]) - start)
             stop = int(np.searchsorted(ends, start + self._max_shard_bytes - writer.data_size, side="right"))
             if self._max_shard_records is not None:
                 stop = min(stop, first + self._max_shard_records - len(writer))
             stop = max(stop, first + 1)
-            end = int(ends[stop - 1])
-            try:
-                writer._add_flat(payload[start:end], ends[first:stop] - start)
-            except StorageError as error:
-                raise self._fail(writer, error) from None
-            self._record_count += stop - first
-            first, start = stop, end
+            yield writer, first, stop
+            first, start = stop, int(ends[stop - 1])
 
     def _writer_for(self, size: int) -> Writer:
         writer = self._writer

@@ -6,7 +6,7 @@ import os
 import sys
 from array import array
 from itertools import accumulate
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -30,6 +30,7 @@ _SPOOL_ENTRIES = 1 << 16
 # What each buffered record takes of the buffer's room besides its bytes: bounds the records held per buffer
 # to _DATA_BUFFER_BYTES / 64 however small they are (empty ones included), and so their objects' memory.
 _BUFFERED_RECORD_COST = 64
+_EXTEND_CHUNK = 1024  # records `extend` encodes and buffers per step
 _LITTLE_ENDIAN = sys.byteorder == "little"
 
 
@@ -113,6 +114,37 @@ def flat_payloads(
     if covered != len(payload):
         raise RecordTypeError(f"lengths cover {covered} bytes but values hold {len(payload)}", path=path)
     return payload, ends.astype(np.int64)
+
+
+def extend_in_chunks(records: Iterable[Any], codec: Codec, append: Callable[[Any], int],
+                     add_payloads: Callable[[list[bytes]], None]) -> None:
+    """`append` each of `records`, in effect: chunks are encoded at once and given to `add_payloads`, and a chunk
+    holding a refused record is appended one by one, so the same records land and the refusal names the same
+    record. Records the iterable gave before it raised are kept, as they would be one by one."""
+
+    def add(chunk: list[Any]) -> None:
+        try:
+            payloads = codec.encode_many(chunk)
+        except RecordTypeError:
+            for record in chunk:
+                append(record)
+            return
+        add_payloads(payloads)
+
+    if isinstance(records, (list, tuple)):
+        for start in range(0, len(records), _EXTEND_CHUNK):
+            add(list(records[start : start + _EXTEND_CHUNK]))
+        return
+    pending: list[Any] = []
+    try:
+        for record in records:
+            pending.append(record)
+            if len(pending) == _EXTEND_CHUNK:
+                chunk, pending = pending, []
+                add(chunk)
+    finally:
+        if pending:
+            add(pending)
 
 
 class Writer:
@@ -209,10 +241,27 @@ class Writer:
         return self._record_count - 1
 
     def extend(self, records: Iterable[Any]) -> None:
-        """Append every record of an iterable."""
-        append = self.append
-        for record in records:
-            append(record)
+        """Append every record of an iterable, as `append` would one by one, but a chunk at a time (`extend_in_chunks`)."""
+        extend_in_chunks(records, self._codec, self.append, self._add_payloads)
+
+    def _add_payloads(self, payloads: list[bytes]) -> None:
+        """Append encoded payloads as `append` does, each run of those that fit the buffer's room in one step."""
+        sizes = np.fromiter(map(len, payloads), np.int64, len(payloads))
+        costs = np.cumsum(sizes + _BUFFERED_RECORD_COST)  # what payloads[:k + 1] take of the room
+        done = 0
+        while done < len(payloads):
+            spent = int(costs[done - 1]) if done else 0
+            fit = int(np.searchsorted(costs, spent + self._room, "right"))  # payloads[done:fit] fit the room
+            if fit <= done:  # none fits (the room may be below 0): flush, or write a large one at once, or refuse (closed)
+                self._add_beyond_buffer(payloads[done], int(sizes[done]))
+                done += 1
+                continue
+            self._buffered.extend(payloads[done:fit])
+            taken = int(costs[fit - 1]) - spent
+            self._room -= taken
+            self._data_size += taken - _BUFFERED_RECORD_COST * (fit - done)
+            self._record_count += fit - done
+            done = fit
 
     def extend_flat(self, values: Any, lengths: Any) -> None:
         """Append many records given as one flat buffer and their lengths, without a Python object per record.
