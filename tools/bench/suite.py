@@ -80,6 +80,12 @@ def build_workload(peer: Peer, workload: Workload, directory: str) -> dict[str, 
     figures["payload_bytes"] = workload.payload_bytes
     figures["overhead"] = figures["disk_bytes"] / workload.payload_bytes - 1
     figures["reads_back"] = _reads_back(peer, workload, records, directory)
+    write_append = getattr(peer, "write_append", None)
+    if write_append is not None and workload.kind != "sample":
+        append_figures = _timed_write(lambda target: write_append(workload, records, target), directory + "-append",
+                                      workload.payload_bytes, workload.count)
+        shutil.rmtree(directory + "-append")
+        figures.update({f"{name}@append": value for name, value in append_figures.items()})
     write_flat = getattr(peer, "write_flat", None)
     if write_flat is not None and workload.kind != "sample":
         flat = workload.flat()

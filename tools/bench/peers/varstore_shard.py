@@ -1,4 +1,4 @@
-"""varstore: one shard written with `Writer` (``append`` per record, or ``extend_flat``), read with `varstore.open`."""
+"""varstore: one shard written with `Writer` (``extend``, ``append`` per record, or ``extend_flat``), read with `varstore.open`."""
 
 from __future__ import annotations
 
@@ -56,6 +56,13 @@ class Varstore(Peer):
     def write(self, workload: Workload, records: list[Any], directory: str) -> None:
         with varstore.Writer(os.path.join(directory, SHARD_NAME), **_CODECS[workload.kind]) as writer:
             writer.extend(records)
+
+    def write_append(self, workload: Workload, records: list[Any], directory: str) -> None:
+        """One `append` call per record, the loop a caller writes around a source."""
+        with varstore.Writer(os.path.join(directory, SHARD_NAME), **_CODECS[workload.kind]) as writer:
+            append = writer.append
+            for record in records:
+                append(record)
 
     def write_flat(self, workload: Workload, flat: tuple[Any, np.ndarray], directory: str) -> None:
         """`Writer.extend_flat`: one flat buffer and the lengths, no Python object per record."""
