@@ -349,7 +349,8 @@ def _unpack_array(data: bytes) -> np.ndarray:
         raise ValueError(f"empty array extension of shape {shape} claims more than it holds: {problem}")
     if dtype.kind == "b":
         check_bool_bytes(np.frombuffer(data, np.uint8, offset=body_start))
-    return np.frombuffer(data, dtype, offset=body_start).reshape(shape)
+    array = np.frombuffer(data, dtype, offset=body_start)
+    return array if ndim == 1 else array.reshape(shape)  # 1-D: frombuffer's length is shape[0], checked above
 
 
 def _msgpack_default(value: Any) -> Any:
