@@ -672,3 +672,86 @@ def test_dataloader_fork_workers_read_the_same_records(tmp_path, batched):
         loader = torch.utils.data.DataLoader(dataset, batch_size=16, num_workers=2, collate_fn=list, timeout=60,
                                              multiprocessing_context="fork")
         assert [record for batch in loader for record in batch] == items
+
+
+# ---- extend's chunks against "as append would one by one" -------------------------------------------------
+
+
+class NoArray:
+    """A record numpy cannot make an array of: its __array__ raises ValueError, not RecordTypeError."""
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        raise ValueError("this object refuses to become an array")
+
+
+def sharded_or_single(kind: str, path: Path) -> Any:
+    return varstore.Writer(path, "ndarray", dtype="int64") if kind == "Writer" else varstore.ShardedWriter(path, "ndarray", dtype="int64")
+
+
+@pytest.mark.xfail(strict=True, reason="extend_in_chunks falls back to one by one only on RecordTypeError: any other "
+                   "error from encoding a record (a ValueError from __array__, a TypeError or MemoryError) drops the "
+                   "records before it in its chunk (up to 1,023) that append one by one keeps")
+@pytest.mark.parametrize("kind", ["Writer", "ShardedWriter"])
+@pytest.mark.parametrize("as_list", [True, False], ids=["list", "generator"])
+def test_extend_keeps_the_records_before_one_whose_encoding_raises(tmp_path, kind, as_list):
+    records = [np.arange(3)] * 10 + [NoArray()] + [np.arange(2)]
+    with sharded_or_single(kind, tmp_path / "appended") as writer:
+        with pytest.raises(ValueError, match="refuses to become an array"):
+            for record in records:
+                writer.append(record)
+        appended = len(writer)
+    with sharded_or_single(kind, tmp_path / "extended") as writer:
+        with pytest.raises(ValueError, match="refuses to become an array"):
+            writer.extend(records if as_list else iter(records))
+        assert len(writer) == appended == 10
+
+
+class InterruptingText(str):
+    """A record whose encoding is where Ctrl-C lands."""
+
+    def encode(self, *args: Any, **kwargs: Any) -> bytes:
+        raise KeyboardInterrupt
+
+
+def test_keyboard_interrupt_while_a_chunk_is_encoded_leaves_a_consistent_shard_that_len_describes(tmp_path):
+    """An interrupt during encoding drops the chunk being encoded (up to 1,023 records the iterable gave; one by
+    one only the record in flight): what was added before stays, len(writer) counts exactly that, and it closes
+    into a shard that verifies."""
+    records = [f"r{k}" for k in range(1500)] + [InterruptingText("x")] + ["after"]
+    with varstore.Writer(tmp_path / "shard", "str") as writer:
+        with pytest.raises(KeyboardInterrupt):
+            writer.extend(iter(records))
+        landed = len(writer)
+    assert landed in (1024, 1500)  # the first chunk; one by one would give 1500
+    with varstore.open(tmp_path / "shard") as reader:
+        reader.verify()
+        assert list(reader) == records[:landed]
+
+
+def generator_that_appends(writer: Any) -> Any:
+    for k in range(3):
+        writer.append(b"appended %d" % k)
+        yield b"extended %d" % k
+
+
+def generator_that_closes(writer: Any) -> Any:
+    yield b"extended 0"
+    yield b"extended 1"
+    writer.close()
+
+
+@pytest.mark.xfail(strict=True, reason="extend buffers up to 1,024 records before adding them: a generator that "
+                   "appends to the same writer sees its appends land before the records it yielded earlier; one that "
+                   "closes the writer loses what it yielded and extend raises ClosedError")
+@pytest.mark.parametrize("make_records", [generator_that_appends, generator_that_closes])
+def test_extend_of_a_generator_that_uses_its_writer_acts_as_appends_one_by_one(tmp_path, make_records):
+    def one_by_one(writer: Any) -> None:
+        for record in make_records(writer):
+            writer.append(record)
+
+    for name, fill in (("appended", one_by_one), ("extended", lambda writer: writer.extend(make_records(writer)))):
+        writer = varstore.Writer(tmp_path / name, "bytes")
+        fill(writer)
+        writer.close()
+    with varstore.open(tmp_path / "appended") as appended, varstore.open(tmp_path / "extended") as extended:
+        assert list(extended) == list(appended)
