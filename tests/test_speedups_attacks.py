@@ -755,3 +755,16 @@ def test_extend_of_a_generator_that_uses_its_writer_acts_as_appends_one_by_one(t
         writer.close()
     with varstore.open(tmp_path / "appended") as appended, varstore.open(tmp_path / "extended") as extended:
         assert list(extended) == list(appended)
+
+
+@needs_extension
+@pytest.mark.parametrize("codec", ["bytes", "str"])
+@pytest.mark.parametrize("count", [1, 3, 1025])
+def test_a_shard_of_empty_records_with_an_empty_data_file_reads_as_the_python_path_reads(tmp_path, codec, count):
+    path = write_shard(str(tmp_path / "shard"), codec, [b"" if codec == "bytes" else ""] * count)
+    assert os.path.getsize(path + ".data") == 0
+    with reader_pair(path) as (fast, slow):
+        assert fast._fast_get(0) == (b"" if codec == "bytes" else "")  # the C path answers, from an empty map
+        assert_readers_agree(fast, slow)
+        for indices in odd_batches(count):
+            assert outcome(lambda: fast.get_batch(indices)) == outcome(lambda: slow.get_batch(indices)), repr(indices)
