@@ -77,9 +77,6 @@ CLOSE_DURING_BATCH = """
 
 
 @needs_extension
-@pytest.mark.xfail(strict=True, reason="RecordSlicer.get_batch checks `holding` before PyList_New, which can run a "
-                   "collection whose finalizers (or another thread, as finalizers drop the GIL) close the reader: the "
-                   "maps are unmapped and the loop then reads them (SIGSEGV)")
 def test_get_batch_survives_the_reader_closed_by_a_finalizer_mid_batch():
     result = run_child(CLOSE_DURING_BATCH)
     assert result.returncode == 0, f"killed by signal {-result.returncode}: {result.stderr[-500:]}"
@@ -117,9 +114,6 @@ OFFSETS_CHANGED_DURING_CHECKSUM = """
 
 
 @needs_extension
-@pytest.mark.xfail(strict=True, reason="crc32c_ranges validates the offsets, releases the GIL, then reads them again "
-                   "from the caller's buffer (no copy when it is already contiguous <u8, as ShardIndex.verify's view of "
-                   "the MAP_SHARED index is): offsets changed meanwhile are used unchecked (SIGSEGV)")
 def test_crc32c_of_ranges_survives_offsets_changed_while_it_runs():
     result = run_child(OFFSETS_CHANGED_DURING_CHECKSUM)
     assert result.returncode == 0, f"killed by signal {-result.returncode}: {result.stderr[-500:]}"
@@ -688,9 +682,6 @@ def sharded_or_single(kind: str, path: Path) -> Any:
     return varstore.Writer(path, "ndarray", dtype="int64") if kind == "Writer" else varstore.ShardedWriter(path, "ndarray", dtype="int64")
 
 
-@pytest.mark.xfail(strict=True, reason="extend_in_chunks falls back to one by one only on RecordTypeError: any other "
-                   "error from encoding a record (a ValueError from __array__, a TypeError or MemoryError) drops the "
-                   "records before it in its chunk (up to 1,023) that append one by one keeps")
 @pytest.mark.parametrize("kind", ["Writer", "ShardedWriter"])
 @pytest.mark.parametrize("as_list", [True, False], ids=["list", "generator"])
 def test_extend_keeps_the_records_before_one_whose_encoding_raises(tmp_path, kind, as_list):

@@ -95,13 +95,18 @@ static inline uint64_t load_le64(const uint8_t *p)
     return value;
 }
 
-static void checksum_ranges(const uint8_t *bytes, const uint8_t *bounds, Py_ssize_t count, uint8_t *out)
+/* 0, or -1 if an offset changed (another thread, a shared map) since they were checked: each range is loaded once
+   and checked again before it is read. */
+static int checksum_ranges(const uint8_t *bytes, uint64_t size, const uint8_t *bounds, Py_ssize_t count, uint8_t *out)
 {
     for (Py_ssize_t k = 0; k < count; k++) {
         uint64_t start = load_le64(bounds + 8 * k), end = load_le64(bounds + 8 * k + 8);
+        if (start > end || end > size)
+            return -1;
         uint32_t value = crc32c_of(bytes + start, (size_t)(end - start));
         memcpy(out + 4 * k, &value, 4);
     }
+    return 0;
 }
 
 static PyObject *crc32c_ranges(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -143,12 +148,17 @@ static PyObject *crc32c_ranges(PyObject *module, PyObject *const *args, Py_ssize
     if (result == NULL)
         goto done;
     uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
+    int changed;
     if (total < RELEASE_GIL_BYTES) {
-        checksum_ranges(bytes, bounds, count, out);
+        changed = checksum_ranges(bytes, (uint64_t)data.len, bounds, count, out);
     } else {
         Py_BEGIN_ALLOW_THREADS;
-        checksum_ranges(bytes, bounds, count, out);
+        changed = checksum_ranges(bytes, (uint64_t)data.len, bounds, count, out);
         Py_END_ALLOW_THREADS;
+    }
+    if (changed) {
+        Py_CLEAR(result);
+        PyErr_SetString(PyExc_ValueError, "offsets changed while they were checksummed");
     }
 done:
     PyBuffer_Release(&offsets);
@@ -158,7 +168,8 @@ done:
 
 static PyObject *crc32c_each(PyObject *module, PyObject *payloads)
 {
-    PyObject *sequence = PySequence_Fast(payloads, "crc32c_each takes a sequence of bytes-like objects");
+    /* A private copy of the list: a payload's buffer export could run code that changes the caller's. */
+    PyObject *sequence = PySequence_List(payloads);
     if (sequence == NULL)
         return NULL;
     Py_ssize_t count = PySequence_Fast_GET_SIZE(sequence);
@@ -547,15 +558,19 @@ static int gather_positions(PyObject *indices, Py_ssize_t **positions, Py_ssize_
 
 static PyObject *slicer_get_batch(RecordSlicer *self, PyObject *indices)
 {
-    if (!self->holding)
-        Py_RETURN_NONE;
     Py_ssize_t *positions, count;
     int gathered = gather_positions(indices, &positions, &count);
     if (gathered < 0)
         return NULL;
     if (gathered == 0)
         Py_RETURN_NONE;
+    /* PyList_New may collect, and finalizers (or threads they let run) may release the maps: check after it. */
     PyObject *records = PyList_New(count);
+    if (records != NULL && !self->holding) {
+        Py_DECREF(records);
+        PyMem_Free(positions);
+        Py_RETURN_NONE;
+    }
     for (Py_ssize_t k = 0; records != NULL && k < count; k++) {
         PyObject *record = resolve(self, &positions[k]) ? slice_record(self, positions[k]) : NULL;
         if (record == NULL) {

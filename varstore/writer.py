@@ -119,13 +119,14 @@ def flat_payloads(
 def extend_in_chunks(records: Iterable[Any], codec: Codec, append: Callable[[Any], int],
                      add_payloads: Callable[[list[bytes]], None]) -> None:
     """`append` each of `records`, in effect: chunks are encoded at once and given to `add_payloads`, and a chunk
-    holding a refused record is appended one by one, so the same records land and the refusal names the same
-    record. Records the iterable gave before it raised are kept, as they would be one by one."""
+    whose encoding raises is appended one by one, so the same records land and the error names the same record.
+    Records the iterable gave before it raised are kept, as they would be one by one. An iterable must not append
+    to or close the writer it feeds (its records would land after its appends, or not at all)."""
 
     def add(chunk: list[Any]) -> None:
         try:
             payloads = codec.encode_many(chunk)
-        except RecordTypeError:
+        except Exception:  # a refusal, or a record's own code failing (an __array__ that raises)
             for record in chunk:
                 append(record)
             return
