@@ -543,8 +543,6 @@ def reusing_one_buffer(payloads: list[bytes]) -> Iterator[bytearray]:
         yield buffer
 
 
-@pytest.mark.xfail(strict=True, reason="extend keeps a generator's records un-encoded until a chunk of 1,024 is full: "
-                   "a generator reusing one buffer has every record of the chunk stored as its last contents")
 @pytest.mark.parametrize("writer_kind", WRITERS)
 def test_a_generator_reusing_one_buffer_for_each_record_stores_each_record_as_yielded(tmp_path, writer_kind):
     payloads = [bytes([i]) * 4 for i in range(3)]
@@ -554,9 +552,6 @@ def test_a_generator_reusing_one_buffer_for_each_record_stores_each_record_as_yi
     assert read_back(tmp_path / "reused") == payloads
 
 
-@pytest.mark.xfail(strict=True, reason="extend reads a chunk of up to 1,024 records from the iterator before encoding "
-                   "any; when one is refused, the records after it in that chunk are consumed and lost, where append per "
-                   "record leaves the iterator just past the refused one (skip-and-continue loops lose records)")
 @pytest.mark.parametrize("writer_kind", WRITERS)
 def test_after_a_refused_record_the_iterator_continues_just_past_it(tmp_path, writer_kind):
     records = [b"a", 12345, b"b", b"c"]

@@ -118,34 +118,41 @@ def flat_payloads(
 
 def extend_in_chunks(records: Iterable[Any], codec: Codec, append: Callable[[Any], int],
                      add_payloads: Callable[[list[bytes]], None]) -> None:
-    """`append` each of `records`, in effect: chunks are encoded at once and given to `add_payloads`, and a chunk
-    whose encoding raises is appended one by one, so the same records land and the error names the same record.
-    Records the iterable gave before it raised are kept, as they would be one by one. An iterable must not append
-    to or close the writer it feeds (its records would land after its appends, or not at all)."""
-
-    def add(chunk: list[Any]) -> None:
-        try:
-            payloads = codec.encode_many(chunk)
-        except Exception:  # a refusal, or a record's own code failing (an __array__ that raises)
-            for record in chunk:
-                append(record)
-            return
-        add_payloads(payloads)
-
+    """`append` each of `records`, in effect, with less work per record: a list or tuple is encoded a chunk at
+    a time (a chunk whose encoding raises goes one by one, so the same records land and the error names the
+    same record); any other iterable has each record encoded, so copied, as it is yielded (a generator may
+    reuse its buffer) and stops just past a refused one, and only the payloads wait to be added a chunk at a
+    time. Records the iterable gave before it raised are kept. An iterable must not append to or close the
+    writer it feeds (its records would land after its appends, or not at all)."""
     if isinstance(records, (list, tuple)):
         for start in range(0, len(records), _EXTEND_CHUNK):
-            add(list(records[start : start + _EXTEND_CHUNK]))
+            chunk = records[start : start + _EXTEND_CHUNK]
+            try:
+                payloads = codec.encode_many(list(chunk))
+            except Exception:  # a refusal, or a record's own code failing (an __array__ that raises)
+                for record in chunk:
+                    append(record)
+                continue
+            add_payloads(payloads)
         return
-    pending: list[Any] = []
+    encode = codec.encode
+    pending: list[bytes] = []
     try:
         for record in records:
-            pending.append(record)
+            try:
+                payload = encode(record)
+            except Exception:
+                chunk, pending = pending, []
+                add_payloads(chunk)
+                append(record)  # raises, naming the record (or, should encoding succeed this time, adds it)
+                continue
+            pending.append(payload if payload.__class__ is bytes else bytes(payload))
             if len(pending) == _EXTEND_CHUNK:
                 chunk, pending = pending, []
-                add(chunk)
+                add_payloads(chunk)
     finally:
         if pending:
-            add(pending)
+            add_payloads(pending)
 
 
 class Writer:
