@@ -245,8 +245,9 @@ class Writer:
         self._buffered.append(payload if payload.__class__ is bytes else bytes(payload))
         self._room -= size + _BUFFERED_RECORD_COST
         self._data_size += size
-        self._record_count += 1
-        return self._record_count - 1
+        index = self._record_count
+        self._record_count = index + 1
+        return index
 
     def extend(self, records: Iterable[Any]) -> None:
         """Append every record of an iterable, as `append` would one by one, but a chunk at a time (`extend_in_chunks`)."""
