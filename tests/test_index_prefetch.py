@@ -119,3 +119,35 @@ def test_prefetch_index_gives_no_advice_over_the_limit(monkeypatch: pytest.Monke
         (2 * shard_index.PREFETCH_CHUNK, shard_index.PREFETCH_CHUNK),
         (3 * shard_index.PREFETCH_CHUNK, 1),
     ]
+
+
+def test_open_of_a_cached_index_gives_no_advice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The advice walks every page even when all are cached: a warm open must not pay for it (open stays O(1))."""
+    if not hasattr(os, "RWF_NOWAIT"):
+        pytest.skip("no RWF_NOWAIT: the page cache cannot be asked without waiting")
+    index, _ = write_shard(tmp_path / "shard")
+    index.read_bytes()  # every page of the index cached
+    advised: list[tuple[int, int, int, int]] = []
+    monkeypatch.setattr(os, "posix_fadvise", lambda *arguments: advised.append(arguments))
+    with varstore.open(tmp_path / "shard") as reader:
+        assert reader[RECORDS - 1] == b"\0"
+    assert advised == []
+
+
+def test_open_advises_an_index_whose_last_page_was_evicted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    index, _ = write_shard(tmp_path / "shard")
+    index.read_bytes()
+    fd = os.open(index, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        last_page = (index.stat().st_size - 1) // mmap.PAGESIZE * mmap.PAGESIZE
+        os.posix_fadvise(fd, last_page, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    if resident_fraction(index) == 1.0:
+        pytest.skip(f"{index} stays in the page cache after POSIX_FADV_DONTNEED (tmpfs or similar)")
+    advised: list[tuple[int, int, int, int]] = []
+    monkeypatch.setattr(os, "posix_fadvise", lambda *arguments: advised.append(arguments))
+    with varstore.open(tmp_path / "shard"):
+        pass
+    assert sum(length for _, _, length, _ in advised) == index.stat().st_size
