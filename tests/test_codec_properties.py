@@ -22,6 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import varstore
+from varstore import codecs as codecs_module
 from varstore.codecs import ALLOWED_DTYPES, MsgpackCodec
 from varstore.msgpack_check import MAX_DEPTH, check_msgpack
 
@@ -372,6 +373,49 @@ def test_empty_arrays_within_their_bytes_round_trip(tmp_path, shape):
     with varstore.open(tmp_path / "docs") as reader:
         assert reader[0]["x"].shape == shape
     spec_reader.read_shard(str(tmp_path / "docs"))
+
+
+# -- array headers decoded before (issue 15: a header seen once is not parsed again) ----------------------
+
+
+@given(st.lists(wide_arrays(), min_size=1, max_size=4), st.integers(0, 3))
+def test_an_array_decodes_the_same_whether_its_header_was_seen_before_or_not(arrays, repeats):
+    codec = MsgpackCodec()
+    payload = bytes(codec.encode({"arrays": arrays}))
+    for _ in range(1 + repeats):  # the first decode parses each header; later ones find it known
+        decoded = codec.decode(payload, 0, len(payload))["arrays"]
+        for original, got in zip(arrays, decoded, strict=True):
+            assert got.shape == original.shape and got.dtype == original.dtype.newbyteorder("<")
+            assert np.array_equal(got, original, equal_nan=True)
+
+
+def test_a_known_array_header_with_a_body_of_another_size_is_refused():
+    whole = array_extension(b"<f4", (4,), bytes(16))
+    short = array_extension(b"<f4", (4,), bytes(12))
+    long = array_extension(b"<f4", (4,), bytes(20))
+    codec = MsgpackCodec()
+    assert codec.decode(whole, 0, len(whole)).shape == (4,)  # the header is now known
+    for forged in (short, long):
+        with pytest.raises(ValueError, match="does not match its"):
+            codec.decode(forged, 0, len(forged))
+
+
+def test_bool_arrays_are_checked_on_every_read_not_only_the_first():
+    good = array_extension(b"|b1", (3,), b"\x00\x01\x01")
+    forged = array_extension(b"|b1", (3,), b"\x00\x02\x01")
+    codec = MsgpackCodec()
+    for _ in range(2):
+        assert codec.decode(good, 0, len(good)).tolist() == [False, True, True]
+    with pytest.raises(ValueError):
+        codec.decode(forged, 0, len(forged))
+
+
+def test_headers_kept_for_reuse_stay_few_however_many_shapes_are_read():
+    codec = MsgpackCodec()
+    for rows in range(1, 3 * codecs_module._ARRAY_HEADERS_KEPT):
+        payload = array_extension(b"|u1", (rows,), bytes(rows))
+        assert codec.decode(payload, 0, len(payload)).shape == (rows,)
+        assert len(codecs_module._ARRAY_HEADERS) <= codecs_module._ARRAY_HEADERS_KEPT
 
 
 # -- memory per record byte (item 16, msgpack records) ------------------------------------------------

@@ -329,7 +329,23 @@ _DTYPES_BY_NAME = {name.encode("ascii"): np.dtype(name) for name in ALLOWED_DTYP
 _SHAPES = [struct.Struct(f"<{ndim}Q") for ndim in range(MAX_ARRAY_DIMS)]
 
 
+_ARRAY_HEADERS: dict[bytes, tuple[np.dtype, tuple[int, ...], int]] = {}  # header bytes -> dtype, shape, body size
+_ARRAY_HEADERS_KEPT = 256  # a dataset's samples share a few headers; forged ones must not grow it without bound
+
+
 def _unpack_array(data: bytes) -> np.ndarray:
+    """The array an extension holds; a header seen before is not parsed and checked again, only its body's size."""
+    if data and len(data) > 1 + data[0]:
+        body_start = 2 + data[0] + 8 * data[1 + data[0]]
+        known = _ARRAY_HEADERS.get(data[:body_start])
+        if known is not None and len(data) - body_start == known[2]:
+            dtype, shape, _ = known
+            array = np.frombuffer(data, dtype, -1, body_start)  # positional: numpy parses keywords slowly
+            return array if len(shape) == 1 else array.reshape(shape)
+    return _parse_array(data)
+
+
+def _parse_array(data: bytes) -> np.ndarray:
     if not data:
         raise ValueError("empty array extension")
     name_end = 1 + data[0]
@@ -349,7 +365,11 @@ def _unpack_array(data: bytes) -> np.ndarray:
         raise ValueError(f"empty array extension of shape {shape} claims more than it holds: {problem}")
     if dtype.kind == "b":
         check_bool_bytes(np.frombuffer(data, np.uint8, offset=body_start))
-    array = np.frombuffer(data, dtype, offset=body_start)
+    elif len(data) > body_start and ndim:  # bools are checked on every read; empty and 0-d arrays are rare
+        if len(_ARRAY_HEADERS) >= _ARRAY_HEADERS_KEPT:
+            _ARRAY_HEADERS.clear()
+        _ARRAY_HEADERS[data[:body_start]] = (dtype, shape, len(data) - body_start)
+    array = np.frombuffer(data, dtype, -1, body_start)
     return array if ndim == 1 else array.reshape(shape)  # 1-D: frombuffer's length is shape[0], checked above
 
 
