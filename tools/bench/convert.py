@@ -24,9 +24,9 @@ runs, because other jobs on a shared machine make single runs noisy. Each output
 against the input: record count, bytes and the sum of the records' CRC32s.
 
 The ``append`` step sets the serial append path beside the raw floor's build (tools/bench/peers/floor.py:
-payloads and offsets written with plain ``f.write``) on the harness's "small", "tokens" and "structured"
-workloads: `Writer.extend` (what run.py's build measures) and an ``append`` loop, best of `APPEND_REPEATS`
-alternating runs each, as throughput ratios to the floor.
+payloads and offsets written with plain ``f.write``) on the harness's "small", "tokens", "blobs" and
+"structured" workloads: `Writer.extend` (what run.py's build measures) and an ``append`` loop, best of
+`APPEND_REPEATS` alternating runs each, as throughput ratios to the floor.
 
 Writes ``results.json`` and ``results.md`` to ``--out`` and prints the table. This parent process uses the
 standard library only; run it with any Python 3.11.
@@ -61,7 +61,7 @@ PEERS = {
 }
 SHARD_BYTES = 64 << 20
 LITDATA_INPUTS_PER_WORKER = 4
-APPEND_WORKLOADS = ("small", "tokens", "structured")
+APPEND_WORKLOADS = ("small", "tokens", "blobs", "structured")
 APPEND_REPEATS = 5
 STEP_TIMEOUT_S = 600
 SEED = 13
@@ -313,6 +313,7 @@ def _mds(task: dict[str, Any]) -> dict[str, Any]:
 def _timed_write(write: Callable[[str], None], directory: str) -> float:
     shutil.rmtree(directory, ignore_errors=True)
     os.makedirs(directory)
+    os.sync()  # no earlier write's dirty pages left to throttle this one's fsync
     started = time.perf_counter()
     write(directory)
     seconds = time.perf_counter() - started
