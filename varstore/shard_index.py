@@ -268,7 +268,7 @@ class ShardIndex:
     def check_rows(self, indices: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> int:
         """Check in one pass that byte ranges of an ``ndarray`` shard sit on row boundaries; returns the row size."""
         row_size: int = self.codec.row_size  # type: ignore[attr-defined]
-        if row_size & (row_size - 1) == 0 and not ((starts | ends) & np.uint64(row_size - 1)).any():
+        if row_size & (row_size - 1) == 0 and not ((starts | ends) & (row_size - 1)).any():
             return row_size  # a power of two, the usual row size: one pass over both
         off_rows = (starts % row_size != 0) | (ends % row_size != 0)
         if off_rows.any():

@@ -93,6 +93,18 @@ def stored_tensor(array: np.ndarray, keep_dtype: bool, where: Callable[[int], st
     return torch.from_numpy(array.astype(dtype))
 
 
+def stored_tensor_batch(
+    arrays: Sequence[np.ndarray], keep_dtype: bool, name: Callable[[int], str], path: str | None
+) -> list[torch.Tensor]:
+    """`stored_tensor` of each of `arrays` (records of one ndarray dataset: one dtype and trailing shape), made with
+    one copy for the whole batch: the tensors are views of one writable buffer. `name(k)` names record k in errors."""
+    lengths = [len(array) for array in arrays]
+    values = np.concatenate(arrays)
+    offsets = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return list(torch.split(stored_tensor(values, keep_dtype, naming_records(values, offsets, name), path), lengths))
+
+
 def stored_tensors(value: Any, keep_dtype: bool, record: str, path: str | None, field: tuple = ()) -> Any:
     """Arrays become tensors (copied: the map is read-only; integers as int64 unless `keep_dtype`); dicts and lists
     are converted inside, without recursion (records nest up to 512 levels); the rest is kept. `record`, `path` and
@@ -171,6 +183,8 @@ def _flat(samples: Sequence[Any], keep_dtype: bool, field: tuple) -> _Flat:
     dtype and trailing shape."""
     if len(samples) == 0:
         raise RecordTypeError("cannot collate an empty batch")
+    if isinstance(samples[0], torch.Tensor) and (flat := _flat_tensors(samples)) is not None:
+        return flat
     converted = [_as_array(sample, _in_field(f"sample {position}", field)) for position, sample in enumerate(samples)]
     first, restore = converted[0]
     for position, (array, restored) in enumerate(converted):
@@ -184,6 +198,23 @@ def _flat(samples: Sequence[Any], keep_dtype: bool, field: tuple) -> _Flat:
     dtype = tensor_dtype(first.dtype, keep_dtype) if isinstance(samples[0], np.ndarray) else first.dtype
     flat = _Flat(np.concatenate([array for array, _ in converted]), lengths, restore, dtype)
     return _checked(flat, lambda position: _in_field(f"sample {position}", field))
+
+
+def _flat_tensors(samples: Sequence[Any]) -> _Flat | None:
+    """CPU tensors that agree in dtype and trailing shape, back to back with one ``torch.cat`` (tensors keep their
+    dtype); None if any does not, for `_flat` to name it."""
+    first = samples[0]
+    dtype, trailing = first.dtype, first.shape[1:]
+    lengths = []
+    for sample in samples:
+        if sample.__class__ is not torch.Tensor:
+            return None
+        shape = sample.shape
+        if sample.dtype != dtype or not shape or shape[1:] != trailing or not sample.is_cpu:
+            return None
+        lengths.append(shape[0])
+    values, restore = _as_array(torch.cat(samples), "the values")
+    return _Flat(values, np.array(lengths, np.int64), restore, values.dtype)
 
 
 def _flat_batch(batch: Any, keep_dtype: bool) -> _Flat | None:

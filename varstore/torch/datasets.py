@@ -13,7 +13,7 @@ from torch.utils.data import Dataset
 from ..errors import CorruptRecordError, VarstoreError
 from ..reader import FlatBatch, check_indices
 from ..sharded_reader import ShardedReader
-from .collate import JaggedBatch, naming_records, stored_tensor, stored_tensors, writable_tensor
+from .collate import JaggedBatch, naming_records, stored_tensor, stored_tensor_batch, stored_tensors, writable_tensor
 from .reading import AnyReader, ProcessLocalReader
 from .skipped import SkippedRecords
 
@@ -117,6 +117,7 @@ class RecordDataset(Dataset):
         self._skipped = SkippedRecords(_shard_paths(reader)) if on_damaged == "skip" else None
         self._length = len(reader)
         self._bytes_codec = reader.codec == "bytes"
+        self._array_codec = reader.codec == "ndarray"
 
     @property
     def skipped_records(self) -> dict[str, int]:
@@ -162,7 +163,11 @@ class RecordDataset(Dataset):
             indices = self._readable(reader, indices)
             records = fetch(indices)
         if not self.flat_batches:
-            return [self._sample(record, index) for record, index in zip(records, np.asarray(indices).tolist())]
+            positions = np.asarray(indices).tolist()
+            if not (self._array_codec and self.output == "torch" and records):
+                return [self._sample(record, index) for record, index in zip(records, positions)]
+            samples = stored_tensor_batch(records, self.keep_dtype, lambda k: f"record {positions[k] % self._length}", self.path)
+            return samples if self.transform is None else [self.transform(sample) for sample in samples]
         if self.output == "numpy":
             return records
         resolved = np.asarray(indices) % self._length
