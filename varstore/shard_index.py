@@ -50,16 +50,17 @@ def map_file(fd: int, size: int) -> mmap.mmap | bytes:
 
 
 def prefetch_index(fd: int, size: int) -> bool:
-    """Ask the kernel to read a cold index of at most `PREFETCH_LIMIT` bytes into the page cache, without waiting.
+    """Ask the kernel to read an index of at most `PREFETCH_LIMIT` bytes into the page cache, without waiting.
 
     A cold random read then faults only its data page, not an index page too. The advice
     is sent in `PREFETCH_CHUNK` pieces because the kernel reads at most one readahead
-    window per call, and it walks every page asked for even when all are cached (~0.2 ms
-    for 12 MB), so an index that `_looks_cached` gets none: opening a warm shard stays
-    O(1). Larger indexes are left to fault in page by page, so a reader of a few records
-    of a huge shard does not read its whole index. Returns whether the advice was given.
+    window per call. The kernel walks every page asked for even when all are cached
+    (~0.2 ms for 12 MB), so `ShardIndex.open` advises only an index that `looks_cached`
+    says is cold, and opening a warm shard stays O(1). Larger indexes are left to fault in
+    page by page, so a reader of a few records of a huge shard does not read its whole
+    index. Returns whether the advice was given.
     """
-    if size > PREFETCH_LIMIT or not hasattr(os, "posix_fadvise") or _looks_cached(fd, size):
+    if size > PREFETCH_LIMIT or not hasattr(os, "posix_fadvise"):
         return False
     try:
         for offset in range(0, size, PREFETCH_CHUNK):
@@ -69,8 +70,11 @@ def prefetch_index(fd: int, size: int) -> bool:
     return True
 
 
-def _looks_cached(fd: int, size: int) -> bool:
-    """Whether the middle and last bytes of the file are in the page cache: two reads that never wait for the disk."""
+def looks_cached(fd: int, size: int) -> bool:
+    """Whether the middle and last bytes of the `size`-byte file are in the page cache: two reads that never wait
+    for the disk. False where the file system cannot tell (tmpfs answers EOPNOTSUPP), so advice is given there."""
+    if size <= 0:
+        return True  # nothing to read
     if not hasattr(os, "RWF_NOWAIT"):
         return False
     probe = bytearray(1)
@@ -151,13 +155,14 @@ class ShardIndex:
         cls, index_fd: int, data_size: int, read_data: Callable[[int, int], bytes], *, index_path: str, data_path: str
     ) -> ShardIndex:
         """Check the index open as `index_fd` against a `data_size`-byte data file, reading with `pread` only, then map it
-        (and `prefetch_index` it, so that a cold read faults in its data page only).
+        (and `prefetch_index` it if it was cold, so that a cold read faults in its data page only).
 
         `read_data(offset, length)` returns that range of the data file (for the first/last 4 KiB
         checksum). No check reads through a map: a page of a sparse file on a full tmpfs cannot
         be faulted in, and the kernel answers with SIGBUS, which kills the process.
         """
         index_size = os.fstat(index_fd).st_size
+        cold = index_size <= PREFETCH_LIMIT and not looks_cached(index_fd, index_size)  # before this open's reads
         header = fmt.unpack_header(os.pread(index_fd, fmt.HEADER_SIZE, 0), index_size=index_size, path=index_path)
         preamble = pread_exactly(index_fd, header.offsets_start - fmt.HEADER_SIZE, fmt.HEADER_SIZE, index_path)
         if any(preamble[header.metadata_size :]):
@@ -189,7 +194,8 @@ class ShardIndex:
                 path=data_path,
             )
         index_map = map_file(index_fd, index_size)
-        prefetch_index(index_fd, index_size)
+        if cold:
+            prefetch_index(index_fd, index_size)
         return cls(index_map, header, codec, data_size, index_path=index_path, data_path=data_path)
 
     def metadata(self) -> dict[str, Any]:

@@ -12,6 +12,7 @@ keeps the stored dtype instead, for memory. Floats and bools always keep theirs.
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -84,25 +85,38 @@ def _check_fits_int64(array: np.ndarray, where: Callable[[int], str], path: str 
 
 def stored_tensor(array: np.ndarray, keep_dtype: bool, where: Callable[[int], str], path: str | None) -> torch.Tensor:
     """A tensor of stored `array` in its `tensor_dtype`, never sharing memory with a read-only array (one copy at most)."""
+    return torch.from_numpy(_writable_stored(array, keep_dtype, where, path))
+
+
+def _writable_stored(array: np.ndarray, keep_dtype: bool, where: Callable[[int], str], path: str | None) -> np.ndarray:
+    """`array` in its `tensor_dtype`, writable: itself if it already is, else one copy."""
     dtype = tensor_dtype(array.dtype, keep_dtype)
-    if dtype == array.dtype:
-        return writable_tensor(array)
-    if array.dtype == np.uint64:  # values that fit int64 have the same bits in it
+    if dtype != array.dtype and array.dtype == np.uint64:  # values that fit int64 have the same bits in it
         _check_fits_int64(array, where, path)
-        return writable_tensor(array.view(np.int64))
-    return torch.from_numpy(array.astype(dtype))
+        array = array.view(np.int64)
+    elif dtype != array.dtype:
+        return array.astype(dtype)
+    return array if array.flags.writeable else array.copy()
 
 
 def stored_tensor_batch(
     arrays: Sequence[np.ndarray], keep_dtype: bool, name: Callable[[int], str], path: str | None
 ) -> list[torch.Tensor]:
-    """`stored_tensor` of each of `arrays` (records of one ndarray dataset: one dtype and trailing shape), made with
-    one copy for the whole batch: the tensors are views of one writable buffer. `name(k)` names record k in errors."""
+    """`stored_tensor` of each of `arrays` (records of one ndarray dataset: one dtype and trailing shape) with one
+    copy for the whole batch, converting on the way. Each tensor has its own storage over its part of that buffer,
+    so saving one saves only it, and changing one in place is no autograd change to another. `name(k)` names
+    record k in errors."""
     lengths = [len(array) for array in arrays]
-    values = np.concatenate(arrays)
-    offsets = np.zeros(len(lengths) + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    return list(torch.split(stored_tensor(values, keep_dtype, naming_records(values, offsets, name), path), lengths))
+    dtype = tensor_dtype(arrays[0].dtype, keep_dtype)
+    if dtype != arrays[0].dtype and arrays[0].dtype != np.uint64:
+        values = np.concatenate(arrays, dtype=dtype)
+    else:
+        offsets = np.zeros(len(lengths) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        joined = np.concatenate(arrays)
+        values = _writable_stored(joined, keep_dtype, naming_records(joined, offsets, name), path)
+    bounds = [0, *itertools.accumulate(lengths)]
+    return [torch.from_numpy(values[start:end]) for start, end in zip(bounds, bounds[1:])]
 
 
 def stored_tensors(value: Any, keep_dtype: bool, record: str, path: str | None, field: tuple = ()) -> Any:
@@ -138,7 +152,7 @@ def _as_array(sample: Any, name: str) -> tuple[np.ndarray, torch.dtype | None]:
     if isinstance(sample, np.ndarray):
         array, restore = sample, None
     elif isinstance(sample, torch.Tensor):
-        tensor = sample.detach()
+        tensor = sample.detach().resolve_conj().resolve_neg()  # numpy cannot view a lazily conjugated or negated tensor
         if tensor.device.type != "cpu":
             raise RecordTypeError(f"{name} is on {tensor.device}; collation works on CPU tensors")
         try:
@@ -201,7 +215,7 @@ def _flat(samples: Sequence[Any], keep_dtype: bool, field: tuple) -> _Flat:
 
 
 def _flat_tensors(samples: Sequence[Any]) -> _Flat | None:
-    """CPU tensors that agree in dtype and trailing shape, back to back with one ``torch.cat`` (tensors keep their
+    """Strided CPU tensors that agree in dtype and trailing shape, back to back with one ``torch.cat`` (tensors keep their
     dtype); None if any does not, for `_flat` to name it."""
     first = samples[0]
     dtype, trailing = first.dtype, first.shape[1:]
@@ -210,7 +224,8 @@ def _flat_tensors(samples: Sequence[Any]) -> _Flat | None:
         if sample.__class__ is not torch.Tensor:
             return None
         shape = sample.shape
-        if sample.dtype != dtype or not shape or shape[1:] != trailing or not sample.is_cpu:
+        if (sample.dtype != dtype or not shape or shape[1:] != trailing or not sample.is_cpu
+                or sample.layout != torch.strided):
             return None
         lengths.append(shape[0])
     values, restore = _as_array(torch.cat(samples), "the values")
