@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import ctypes
 import errno
 import io
 import itertools
-import mmap
 import multiprocessing
 import os
 import random
@@ -47,6 +45,8 @@ from varstore.codecs import ALLOWED_DTYPES, MsgpackCodec
 from varstore.torch import RecordDataset, collate_jagged, collate_padded
 from varstore.torch import collate as collate_module
 
+from .test_index_prefetch import evict, resident_fraction
+
 LINUX = sys.platform.startswith("linux")
 
 
@@ -58,46 +58,6 @@ needs_nowait = pytest.mark.skipif(
     not LINUX or not hasattr(os, "RWF_NOWAIT") or not hasattr(os, "posix_fadvise"),
     reason="needs Linux preadv2 RWF_NOWAIT and posix_fadvise",
 )
-
-
-def _libc() -> ctypes.CDLL:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-    return libc
-
-
-def resident_fraction(path: Path) -> float:
-    """The fraction of `path`'s pages in the page cache, from `mincore` on a map that is never touched."""
-    libc, size = _libc(), path.stat().st_size
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        if address == ctypes.c_void_p(-1).value:
-            pytest.skip("mmap for mincore failed")
-        try:
-            pages = ctypes.create_string_buffer((size + mmap.PAGESIZE - 1) // mmap.PAGESIZE)
-            if libc.mincore(address, size, pages) != 0:
-                pytest.skip("mincore failed")
-            return sum(byte & 1 for byte in pages.raw) / len(pages.raw)
-        finally:
-            libc.munmap(address, size)
-    finally:
-        os.close(fd)
-
-
-def evict(*paths: Path) -> None:
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-        if resident_fraction(path) > 0.01:
-            pytest.skip(f"{path} stays in the page cache after POSIX_FADV_DONTNEED (tmpfs or similar)")
 
 
 def write_byte_shard(path: Path, records: int, *, checksums: bool = True) -> tuple[Path, Path]:
