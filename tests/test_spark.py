@@ -172,9 +172,15 @@ def test_a_failed_first_attempt_is_retried_and_every_record_is_stored_once(spark
     marker = tmp_path / "failed-once"
     (tmp_path / "spark").mkdir()
 
-    names = write_dataframe(
-        payload_frame(spark), tmp_path / "spark", record=fail_first_attempt(marker, kill=kill), max_shard_bytes=SHARD_BYTES
-    )
+    # Batches of 50 rows: extend buffers up to 1,024 records of a generator, so the failing attempt publishes its
+    # first shard at the end of its second batch, before row RECORD_COUNT // 2, whatever the other tasks do.
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "50")
+    try:
+        names = write_dataframe(
+            payload_frame(spark), tmp_path / "spark", record=fail_first_attempt(marker, kill=kill), max_shard_bytes=SHARD_BYTES
+        )
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
 
     assert marker.exists(), "the planted failure never ran"
     assert int(marker.read_text()) > 0, "the failed attempt had published no shard: its cleanup is untested"
