@@ -162,7 +162,7 @@ class ShardIndex:
         be faulted in, and the kernel answers with SIGBUS, which kills the process.
         """
         index_size = os.fstat(index_fd).st_size
-        cold = index_size <= PREFETCH_LIMIT and not looks_cached(index_fd, index_size)  # before this open's reads
+        cold = not looks_cached(index_fd, index_size)  # asked before this open's own reads cache parts of it
         header = fmt.unpack_header(os.pread(index_fd, fmt.HEADER_SIZE, 0), index_size=index_size, path=index_path)
         preamble = pread_exactly(index_fd, header.offsets_start - fmt.HEADER_SIZE, fmt.HEADER_SIZE, index_path)
         if any(preamble[header.metadata_size :]):
