@@ -2,14 +2,17 @@
 
 `FaultProxy(upstream_url)` listens on 127.0.0.1 (a free port) and forwards every request to an HTTP server
 on this machine (moto's S3 server in the remote tests). Rules set at runtime, from any thread, make the
-next N matching requests fail the way object stores fail: a connection reset, a `503 SlowDown`, a `500`,
-a body cut short under its full Content-Length, or a delay. It logs every request (method, path, Range,
-status, fault, body bytes sent), so a test can assert "each object was downloaded once" or "a random read
-costs two requests" exactly.
+next N matching requests fail the way object stores (and the networks and middleboxes in front of them)
+fail: a connection reset, a `503 SlowDown`, a `500`, any S3 error answer (`error`: a `403
+InvalidAccessKeyId`, say), a body cut short under its full Content-Length, a body with one bit flipped
+(`damage`), a body sent a few bytes at a time (`trickle`), a Range header ignored (`ignore_range`: the
+whole object comes back), or a delay. It logs every request (method, path, Range, status, fault, body
+bytes sent), so a test can assert "each object was downloaded once" or "a random read costs two
+requests" exactly.
 
 It is a request/response proxy, not a byte pipe: it reads one whole request (Content-Length or chunked body),
 sends it upstream on a fresh connection with http.client, and streams the response back. Client connections
-are HTTP/1.1 keep-alive; Range requests pass through untouched.
+are HTTP/1.1 keep-alive; Range requests pass through untouched (but under `ignore_range`).
 
     with FaultProxy("http://127.0.0.1:5000") as proxy:
         proxy.slow_down(times=2, method="GET")
@@ -95,6 +98,9 @@ class Rule:
     remaining: int | None
     after_bytes: int = 0
     seconds: float = 0.0
+    status: int = 0
+    code: str = ""
+    message: str = ""
     fired: int = 0
 
     def matches(self, method: str, path: str) -> bool:
@@ -104,7 +110,8 @@ class Rule:
 class FaultProxy:
     """A loopback HTTP proxy in front of `upstream_url` that injects faults by rule and logs every request.
 
-    Failure rules (`reset`, `slow_down`, `server_error`, `truncate`) are tried in the order they were added
+    Failure rules (`reset`, `slow_down`, `server_error`, `error`, `truncate`, `damage`, `trickle`,
+    `ignore_range`) are tried in the order they were added
     and at most one applies to a request; every matching `delay` rule also applies (delays add up), so a
     standing latency combines with occasional failures. A rule's count is taken when a request matches it."""
 
@@ -177,6 +184,39 @@ class FaultProxy:
         if after_bytes < 0:
             raise ValueError(f"after_bytes must be >= 0, got {after_bytes}")
         return self._add(Rule("truncate", method, path, times, after_bytes=after_bytes))
+
+    def error(
+        self, status: int, code: str, message: str = "refused by the fault proxy", *, times: int | None = 1,
+        method: str | None = None, path: PathMatcher = None,
+    ) -> Rule:
+        """Answer `status` with S3's error XML carrying `code` (`InvalidAccessKeyId`, `AccessDenied`,
+        `NoSuchBucket`...) and `message`, instead of forwarding."""
+        return self._add(Rule("error", method, path, times, status=status, code=code, message=message))
+
+    def damage(
+        self, at_byte: int = 0, *, times: int | None = 1, method: str | None = None, path: PathMatcher = None
+    ) -> Rule:
+        """Forward, and flip the low bit of body byte `at_byte` (if the body is that long) on the way back:
+        the right length and headers, the wrong bytes (what a checksum catches)."""
+        if at_byte < 0:
+            raise ValueError(f"at_byte must be >= 0, got {at_byte}")
+        return self._add(Rule("damage", method, path, times, after_bytes=at_byte))
+
+    def trickle(
+        self, seconds: float, *, chunk_bytes: int = 1, times: int | None = 1, method: str | None = None,
+        path: PathMatcher = None,
+    ) -> Rule:
+        """Forward, send the status and headers at once, then the body `chunk_bytes` at a time, waiting
+        `seconds` before each chunk: a response that never stalls long enough for a socket timeout yet takes
+        (body bytes / chunk_bytes) x seconds to arrive. `stop` cuts the wait short."""
+        if seconds < 0 or chunk_bytes < 1:
+            raise ValueError(f"need seconds >= 0 and chunk_bytes >= 1, got {seconds}, {chunk_bytes}")
+        return self._add(Rule("trickle", method, path, times, after_bytes=chunk_bytes, seconds=seconds))
+
+    def ignore_range(self, *, times: int | None = 1, method: str | None = None, path: PathMatcher = None) -> Rule:
+        """Forward without the request's Range header, as a server (or a cache in front of it) that ignores
+        Range does: the client asked for some bytes and gets `200` with the whole object."""
+        return self._add(Rule("ignore_range", method, path, times))
 
     def delay(
         self, seconds: float, *, times: int | None = 1, method: str | None = None, path: PathMatcher = None
@@ -326,8 +366,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             if proxy._stopping.wait(seconds):
                 self._reset_connection(record)
                 return
-        if failure is None:
-            self._forward(record, body, truncate_after=None)
+        if failure is None or failure.fault in ("truncate", "damage", "trickle", "ignore_range"):
+            self._forward(record, body, failure)
         elif failure.fault == "reset":
             self._reset_connection(record, fault="reset")
         elif failure.fault == "slow_down":
@@ -335,7 +375,12 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         elif failure.fault == "server_error":
             self._send_error_body(record, 500, "Internal Server Error", INTERNAL_ERROR_BODY, fault="server_error")
         else:
-            self._forward(record, body, truncate_after=failure.after_bytes)
+            xml = (
+                f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{failure.code}</Code><Message>{failure.message}</Message>'
+                "<RequestId>fault-proxy</RequestId></Error>"
+            ).encode()
+            reason = http.client.responses.get(failure.status, "Error")
+            self._send_error_body(record, failure.status, reason, xml, fault="error")
 
     def _read_request_body(self) -> bytes:
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
@@ -356,31 +401,35 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             pass  # trailer fields: dropped, the body goes upstream with a Content-Length
         return b"".join(parts)
 
-    def _forward(self, record: RequestRecord, body: bytes, truncate_after: int | None) -> None:
+    def _forward(self, record: RequestRecord, body: bytes, failure: Rule | None) -> None:
         proxy = self.server.proxy
         headers = {name: value for name, value in self.headers.items() if name.lower() not in HOP_BY_HOP_HEADERS}
+        if failure is not None and failure.fault == "ignore_range":
+            headers = {name: value for name, value in headers.items() if name.lower() != "range"}
         if body or self.command in ("PUT", "POST", "PATCH"):
             headers["Content-Length"] = str(len(body))
         upstream = http.client.HTTPConnection(proxy.upstream_host, proxy.upstream_port, timeout=60)
         try:
             upstream.request(self.command, self.path, body=body, headers=headers)
             response = upstream.getresponse()
-            self._relay_response(record, response, truncate_after)
+            self._relay_response(record, response, failure)
         except (ConnectionError, http.client.HTTPException, TimeoutError):
             # The upstream failed, or the client left, mid-exchange: the client (if still there) sees a reset.
             self._reset_connection(record, fault=record.fault or "aborted")
         finally:
             upstream.close()
 
-    def _relay_response(
-        self, record: RequestRecord, response: http.client.HTTPResponse, truncate_after: int | None
-    ) -> None:
+    def _relay_response(self, record: RequestRecord, response: http.client.HTTPResponse, failure: Rule | None) -> None:
         proxy = self.server.proxy
+        fault = failure.fault if failure is not None else None
+        truncate_after = failure.after_bytes if fault == "truncate" else None
+        damage_at = failure.after_bytes if fault == "damage" else None
+        trickle = (failure.after_bytes, failure.seconds) if fault == "trickle" else None
         declared = response.getheader("Content-Length")
         # An upstream chunked body is read whole and sent with a Content-Length; a sized one is streamed.
         buffered = None if declared is not None or self.command == "HEAD" else response.read()
         length = int(declared) if buffered is None and declared is not None else len(buffered or b"")
-        proxy._update(record, status=response.status, fault="truncate" if truncate_after is not None else None)
+        proxy._update(record, status=response.status, fault=fault)
         self.send_response(response.status, response.reason)
         for name, value in response.getheaders():
             if name.lower() not in HOP_BY_HOP_HEADERS and name.lower() != "content-length":
@@ -391,14 +440,24 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         if self.command == "HEAD":
             return
         allowed = length if truncate_after is None else min(length, truncate_after)
+        step = STREAM_CHUNK_BYTES if trickle is None else trickle[0]
         sent = 0
         while sent < allowed:
             chunk = (
-                buffered[sent:allowed] if buffered is not None
-                else response.read(min(STREAM_CHUNK_BYTES, allowed - sent))
+                buffered[sent : min(allowed, sent + step)] if buffered is not None
+                else response.read(min(step, allowed - sent))
             )
             if not chunk:
                 raise http.client.IncompleteRead(b"", allowed - sent)
+            if damage_at is not None and sent <= damage_at < sent + len(chunk):
+                chunk = bytearray(chunk)
+                chunk[damage_at - sent] ^= 1
+                chunk = bytes(chunk)
+            if trickle is not None:
+                self.wfile.flush()
+                if proxy._stopping.wait(trickle[1]):
+                    self.close_connection = True
+                    return
             proxy._add_bytes(record, len(chunk))
             self.wfile.write(chunk)
             sent += len(chunk)

@@ -16,12 +16,12 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 import varstore
-from varstore import format as fmt
-from varstore.checksum import crc32c
-from varstore.codecs import make_codec
-from varstore.manifest import manifest_crc32c
-from varstore.record_json import to_json
-from varstore.storage import TEMP_MARK
+from varstore.format import header as fmt
+from varstore.format.checksum import crc32c
+from varstore.format.codecs import make_codec
+from varstore.format.manifest import manifest_crc32c
+from varstore.format.notation import to_json
+from varstore.local.publish import TEMP_MARK
 
 # The calls through which varstore's writers change files: where faults are injected and crashes happen.
 COMMIT_CALLS = ("open", "write", "pwrite", "fsync", "replace", "link")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import varstore
-from varstore.codecs import MsgpackCodec, NdarrayCodec
+from varstore.format.codecs import MsgpackCodec, NdarrayCodec
 
 from . import spec_reader
 from .test_reader_damage import forge_shard

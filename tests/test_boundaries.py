@@ -17,13 +17,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import varstore
-from varstore import format as fmt
-from varstore.codecs import MAX_ARRAY_DIMS
-from varstore.manifest import decode_manifest, manifest_crc32c
+from varstore.format import header as fmt
+from varstore.format.codecs import MAX_ARRAY_DIMS
+from varstore.format.manifest import decode_manifest, manifest_crc32c
 from varstore.torch import ExactlyOnceSampler
 
 from . import spec_reader
 from .helpers_reliability import header_field, make_records, read_shard_files, rewrite_header, with_metadata, write_shard_files
+from varstore.format.metadata import MAX_METADATA_SIZE
 
 INTEGER_DTYPES = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64")
 SAMPLER_CHUNK = 8192  # ExactlyOnceSampler computes its permutation this many positions at a time
@@ -147,7 +148,7 @@ HEADER_FORGERIES = {
     "an unknown flag beside the checksum flag": dict(flags=fmt.FLAG_RECORD_CHECKSUMS | 2),
     "the next major version": dict(major=2),
     "a reserved byte set": dict(reserved_byte=1),
-    "metadata one byte over the limit": dict(metadata_size=fmt.MAX_METADATA_SIZE + 1),
+    "metadata one byte over the limit": dict(metadata_size=MAX_METADATA_SIZE + 1),
     "data size of 2**63": dict(data_size=2**63),
 }
 

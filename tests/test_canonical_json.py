@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import varstore
-from varstore.format import MAX_METADATA_DEPTH, canonical_json, parse_strict_json
-from varstore.manifest import MANIFEST_NAME, decode_manifest
+from varstore.format.metadata import MAX_METADATA_DEPTH, canonical_json, parse_strict_json
+from varstore.format.manifest import MANIFEST_NAME, decode_manifest
 
 
 def canonical(value) -> bytes:

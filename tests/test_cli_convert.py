@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import varstore
-from varstore.cli import sources
-from varstore.record_json import from_json
+from varstore.conversion import sources
+from varstore.format.notation import from_json
 
 from .helpers_cli import assert_one_line_error, run, run_json, run_json_lines, run_script
 

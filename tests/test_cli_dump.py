@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import varstore
-from varstore.record_json import from_json
+from varstore.format.notation import from_json
 
 from .helpers_cli import (
     CONSOLE_SCRIPT, VECTOR_NAMES, VECTORS, assert_one_line_error, run, run_json_lines, run_script, strict_json, write_dataset, write_shard,
@@ -190,7 +190,7 @@ def test_non_finite_float_spelling_is_the_one_the_spec_gives(capsys, tmp_path):
 
 
 def test_maps_with_integer_keys_keep_every_member_in_json(capsys, tmp_path):
-    from varstore.record_json import from_json
+    from varstore.format.notation import from_json
 
     record = {1: "int key", "1": "str key", "inner": {2: [b"\x00"]}}
     shard = write_shard(tmp_path / "keys", [record], codec="msgpack")
@@ -210,7 +210,7 @@ def _nested(depth: int, make) -> object:
                          ids=["lists", "maps"])
 @pytest.mark.parametrize("style", [[], ["--json"]], ids=["text", "json"])
 def test_deepest_record_the_writer_accepts_is_dumped(capsys, tmp_path, make, opening, closing, style):
-    from varstore.msgpack_check import MAX_DEPTH
+    from varstore.format.msgpack_bounds import MAX_DEPTH
 
     shard = write_shard(tmp_path / "deep", [_nested(MAX_DEPTH, make)], codec="msgpack")
     code, out, err = run(capsys, "dump", shard, *style)

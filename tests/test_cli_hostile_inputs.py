@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from varstore.cli import main
-from varstore.manifest import MANIFEST_NAME
+from varstore.format.manifest import MANIFEST_NAME
 
 from .helpers_cli import assert_one_line_error, strict_json, write_dataset, write_shard
 

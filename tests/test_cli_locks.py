@@ -12,8 +12,8 @@ import subprocess
 import pytest
 
 import varstore
-from varstore.locking import DIRECTORY_LOCK_NAME, lock_directory
-from varstore.storage import TEMP_MARK
+from varstore.local.locks import DIRECTORY_LOCK_NAME, lock_directory
+from varstore.local.publish import TEMP_MARK
 
 from .helpers_cli import CONSOLE_SCRIPT, assert_one_line_error, run_script, strict_json, write_dataset
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import varstore
-from varstore.format import HEADER_SIZE
+from varstore.format.header import HEADER_SIZE
 
 from .helpers_cli import CONSOLE_SCRIPT, assert_one_line_error, flip_byte, run, run_script, write_dataset, write_shard
 
@@ -120,9 +120,9 @@ def test_keyboard_interrupt_inside_a_command_exits_130_in_one_line(capsys, tmp_p
     def interrupted(*args, **options):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(varstore, "open", interrupted)
-    monkeypatch.setattr(varstore, "ShardedWriter", interrupted)
-    monkeypatch.setattr("varstore.cli.repair.read_manifest", interrupted)
+    monkeypatch.setattr("varstore.dataset.opening.open", interrupted)
+    monkeypatch.setattr("varstore.conversion.driver.ShardedWriter", interrupted)
+    monkeypatch.setattr("varstore.operations.repair.read_manifest", interrupted)
     (tmp_path / "lines.txt").write_text("a\n")
     arguments = {"convert": [tmp_path / "lines.txt", tmp_path / "out"], "merge": [shard, tmp_path / "out"],
                  "repair": [tmp_path]}.get(command, [shard])

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import varstore
-from varstore.manifest import MANIFEST_NAME, read_manifest
+from varstore.format.manifest import MANIFEST_NAME
+from varstore.local.manifest_file import read_manifest
 
 from .helpers_cli import assert_one_line_error, run, run_script, write_dataset, write_shard
 
@@ -41,7 +42,7 @@ def test_merged_dataset_holds_every_record_in_order_through_hard_links(capsys, t
         merged.verify()
         sources = [*varstore.open(first).shard_paths, *varstore.open(second).shard_paths, str(lone)]
         for source, target in zip(sources, merged.shard_paths):
-            for source_file, target_file in zip(varstore.format.shard_paths(source), varstore.format.shard_paths(target)):
+            for source_file, target_file in zip(varstore.format.header.shard_paths(source), varstore.format.header.shard_paths(target)):
                 assert os.path.samefile(source_file, target_file)
 
 
@@ -61,7 +62,7 @@ def test_copy_makes_independent_files_with_the_same_bytes(capsys, tmp_path, part
     merged = varstore.open(tmp_path / "copied")
     assert list(merged) == ["a0", "a1", "a2", "a3", "a4", "c0"]
     for source, target in zip([*varstore.open(first).shard_paths, str(lone)], merged.shard_paths):
-        for source_file, target_file in zip(varstore.format.shard_paths(source), varstore.format.shard_paths(target)):
+        for source_file, target_file in zip(varstore.format.header.shard_paths(source), varstore.format.header.shard_paths(target)):
             assert not os.path.samefile(source_file, target_file)
             assert Path(source_file).read_bytes() == Path(target_file).read_bytes()
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import varstore
-from varstore.manifest import MANIFEST_NAME
+from varstore.format.manifest import MANIFEST_NAME
 from varstore.remote.filesystems import open_filesystem
 
 from .helpers_cli import assert_one_line_error, run, run_json, run_json_lines, strict_json, write_dataset, write_shard

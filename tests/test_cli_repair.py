@@ -8,8 +8,8 @@ import os
 import pytest
 
 import varstore
-from varstore.locking import lock_directory
-from varstore.manifest import MANIFEST_NAME
+from varstore.local.locks import lock_directory
+from varstore.format.manifest import MANIFEST_NAME
 
 from .helpers_cli import assert_one_line_error, flip_byte, run, write_dataset
 
@@ -75,7 +75,7 @@ def test_an_os_error_while_checking_a_shard_aborts_the_repair_instead_of_droppin
     def out_of_descriptors(*args, **options):
         raise varstore.StorageError("cannot open: Too many open files", path=str(args[0]))
 
-    monkeypatch.setattr("varstore.cli.repair.open_listed_shard", out_of_descriptors)
+    monkeypatch.setattr("varstore.operations.repair.open_listed_shard", out_of_descriptors)
     code, out, err = run(capsys, "repair", damaged, "--write")
     assert code == 1 and out == ""
     assert_one_line_error(code, err, "varstore repair", "Too many open files")

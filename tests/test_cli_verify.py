@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import varstore
-from varstore.manifest import MANIFEST_NAME
-from varstore.storage import TEMP_MARK
+from varstore.format.manifest import MANIFEST_NAME
+from varstore.local.publish import TEMP_MARK
 
 from .helpers_cli import VECTOR_NAMES, VECTORS, assert_one_line_error, flip_byte, run, run_json, run_script, write_dataset
 

@@ -12,9 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import varstore
-from varstore import format as fmt
-from varstore.codecs import CODEC_NAMES, codec_from_stored
-from varstore.manifest import MANIFEST_NAME
+from varstore.format import header as fmt
+from varstore.format.codecs import CODEC_NAMES, codec_from_stored
+from varstore.format.manifest import MANIFEST_NAME
 
 from .helpers_reliability import read_shard_files, with_metadata, write_shard_files
 

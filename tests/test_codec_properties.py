@@ -2,7 +2,7 @@
 
 Each property feeds a real Writer the widest inputs its codec takes, then reads the shard back with a
 Reader, `verify()` and the spec-only reader: an appended record reads back equal after the documented
-normalisation (spec §2.2, README "Codecs"), a refused one raised RecordTypeError at `append`, and no
+normalisation (spec §2.2, docs/writing.md "Codecs"), a refused one raised RecordTypeError at `append`, and no
 record is ever written that fails to read. The expected outcome is computed here from the documented
 rules, not by the codec, so a codec that refuses too much fails as surely as one that stores too much.
 """
@@ -22,9 +22,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import varstore
-from varstore import codecs as codecs_module
-from varstore.codecs import ALLOWED_DTYPES, MsgpackCodec
-from varstore.msgpack_check import MAX_DEPTH, check_msgpack
+from varstore.format import codecs as codecs_module
+from varstore.format.codecs import ALLOWED_DTYPES, MsgpackCodec
+from varstore.format.msgpack_bounds import MAX_DEPTH, check_msgpack
 
 from . import spec_reader
 from .test_untrusted_input import array_extension, msgpack_shard

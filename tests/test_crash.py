@@ -18,9 +18,9 @@ from typing import Any, Callable, Iterator
 import pytest
 
 import varstore
-from varstore.format import DATA_SUFFIX
-from varstore.manifest import MANIFEST_NAME
-from varstore.storage import TEMP_MARK
+from varstore.format.header import DATA_SUFFIX
+from varstore.format.manifest import MANIFEST_NAME
+from varstore.local.publish import TEMP_MARK
 
 from .helpers_reliability import (
     assert_store_holds,

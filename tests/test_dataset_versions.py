@@ -16,8 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import varstore
-from varstore import sharded_reader
-from varstore.checksum import crc32c, crc32c_combine
+from varstore.dataset import local_source as sharded_reader
+from varstore.format.checksum import crc32c, crc32c_combine
 
 FORK = multiprocessing.get_context("fork")
 TIMEOUT = 30

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import varstore
-from varstore.manifest import MANIFEST_NAME
+from varstore.format.manifest import MANIFEST_NAME
 
 RECORDS = [b"a" * 10, b"b" * 2000, b""]
 

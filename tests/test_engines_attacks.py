@@ -1,5 +1,5 @@
 """Attacks on conversion at scale (issue 13): what killed drivers, zombie attempts, empty inputs and existing
-datasets leave behind or let through, at the level of `varstore.parts` and the engines' driver hooks."""
+datasets leave behind or let through, at the level of `varstore.dataset.parts` and the engines' driver hooks."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 import varstore
-from varstore import parts
+from varstore.dataset import parts
 from varstore.conversion import convert
-from varstore.parts import PartWriter, commit_parts, new_run_id
+from varstore.dataset.parts import PartWriter, commit_parts, new_run_id
 from varstore.remote.filesystems import list_sizes, open_filesystem
 
 MANIFEST = "manifest.json"

@@ -16,7 +16,7 @@ from typing import Callable
 import pytest
 
 import varstore
-from varstore.manifest import MANIFEST_NAME
+from varstore.format.manifest import MANIFEST_NAME
 
 from .helpers_reliability import (
     FAULTS,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import varstore
-from varstore.manifest import MANIFEST_NAME
+from varstore.format.manifest import MANIFEST_NAME
 
 from .helpers_reliability import assert_store_holds, failing_call, final_index_names, make_records
 from .helpers_tmpfs import fill, mounted_tmpfs

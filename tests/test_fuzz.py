@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import varstore
-from varstore import format as fmt
+from varstore.format import header as fmt
 
 from .helpers_reliability import (
     assert_reads_agree,
@@ -46,6 +46,7 @@ from .helpers_reliability import (
     with_metadata,
     write_shard_files,
 )
+from varstore.format.metadata import MAX_METADATA_SIZE
 
 FUZZ = settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
 MEMORY_SLACK = 2 << 20
@@ -263,7 +264,7 @@ def test_forged_shard_gives_varstore_errors_or_consistent_reads_within_bounded_m
 
 
 @pytest.mark.parametrize("field, value", [("record_count", 2**64 - 1), ("record_count", 2**61), ("metadata_size", 2**64 - 1),
-                                          ("metadata_size", fmt.MAX_METADATA_SIZE + 1), ("data_size", 2**64 - 1),
+                                          ("metadata_size", MAX_METADATA_SIZE + 1), ("data_size", 2**64 - 1),
                                           ("data_size", 2**63)])
 def test_huge_sizes_in_a_forged_header_are_refused_before_any_allocation(workspace, field, value):
     index, data, _ = base_shards()["bytes"]

@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 
 import varstore
-from varstore import format as fmt
-from varstore import shard_index
+from varstore.format import header as fmt
+from varstore.local import mapping as shard_index
+from varstore.local.mapping import PREFETCH_CHUNK, PREFETCH_LIMIT, prefetch_index
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or not hasattr(os, "posix_fadvise"), reason="needs Linux mincore and posix_fadvise"
@@ -89,7 +90,7 @@ def write_shard(path: Path, records: int = RECORDS) -> tuple[Path, Path]:
 
 def test_open_reads_an_index_under_the_limit_into_the_page_cache(tmp_path: Path) -> None:
     index, data = write_shard(tmp_path / "shard")
-    assert index.stat().st_size <= shard_index.PREFETCH_LIMIT
+    assert index.stat().st_size <= PREFETCH_LIMIT
     evict(index, data)
     with varstore.open(tmp_path / "shard") as reader:
         assert wait_until_resident(index) == 1.0  # no read touched the index: the open's advice brought it all
@@ -110,14 +111,14 @@ def test_open_leaves_an_index_over_the_limit_to_fault_in_page_by_page(tmp_path: 
 def test_prefetch_index_gives_no_advice_over_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     advised: list[tuple[int, int, int, int]] = []
     monkeypatch.setattr(os, "posix_fadvise", lambda *arguments: advised.append(arguments))
-    assert not shard_index.prefetch_index(-1, shard_index.PREFETCH_LIMIT + 1)
+    assert not prefetch_index(-1, PREFETCH_LIMIT + 1)
     assert advised == []
-    assert shard_index.prefetch_index(-1, 3 * shard_index.PREFETCH_CHUNK + 1)
+    assert prefetch_index(-1, 3 * PREFETCH_CHUNK + 1)
     assert [(offset, length) for _, offset, length, _ in advised] == [
-        (0, shard_index.PREFETCH_CHUNK),
-        (shard_index.PREFETCH_CHUNK, shard_index.PREFETCH_CHUNK),
-        (2 * shard_index.PREFETCH_CHUNK, shard_index.PREFETCH_CHUNK),
-        (3 * shard_index.PREFETCH_CHUNK, 1),
+        (0, PREFETCH_CHUNK),
+        (PREFETCH_CHUNK, PREFETCH_CHUNK),
+        (2 * PREFETCH_CHUNK, PREFETCH_CHUNK),
+        (3 * PREFETCH_CHUNK, 1),
     ]
 
 

@@ -1,6 +1,6 @@
 """Attacks on issue 15's recent changes, as a hostile or unlucky user would make them.
 
-1. `shard_index.prefetch_index` / `looks_cached`: two ``RWF_NOWAIT`` one-byte reads decide whether an index is
+1. `prefetch_index` / `looks_cached`: two ``RWF_NOWAIT`` one-byte reads decide whether an index is
    cached; only a cold index of at most `PREFETCH_LIMIT` bytes is advised.
 2. `codecs._unpack_array`: a msgpack array header decoded before is not parsed again (`_ARRAY_HEADERS`); on every
    input it must behave exactly as the uncached `_parse_array`.
@@ -38,14 +38,15 @@ import torch
 from torch.utils.data import DataLoader
 
 import varstore
-from varstore import codecs as codecs_module
-from varstore import format as fmt
-from varstore import shard_index
-from varstore.codecs import ALLOWED_DTYPES, MsgpackCodec
+from varstore.format import codecs as codecs_module
+from varstore.format import header as fmt
+from varstore.shard import index as shard_index
+from varstore.format.codecs import ALLOWED_DTYPES, MsgpackCodec
 from varstore.torch import RecordDataset, collate_jagged, collate_padded
 from varstore.torch import collate as collate_module
 
 from .test_index_prefetch import evict, resident_fraction
+from varstore.local.mapping import PREFETCH_LIMIT, looks_cached, prefetch_index
 
 LINUX = sys.platform.startswith("linux")
 
@@ -80,8 +81,8 @@ def test_probe_of_a_pipe_says_not_cached_raises_nothing_and_consumes_no_byte():
     read_end, write_end = os.pipe()
     try:
         os.write(write_end, b"xyz")
-        assert shard_index.looks_cached(read_end, 3) is False
-        assert shard_index.prefetch_index(read_end, 3) is False  # ESPIPE from the advice is swallowed
+        assert looks_cached(read_end, 3) is False
+        assert prefetch_index(read_end, 3) is False  # ESPIPE from the advice is swallowed
         assert os.read(read_end, 10) == b"xyz"
     finally:
         os.close(read_end)
@@ -92,14 +93,14 @@ def test_probe_of_a_pipe_says_not_cached_raises_nothing_and_consumes_no_byte():
 def test_probe_of_a_directory_or_closed_descriptor_never_raises(tmp_path):
     directory = os.open(tmp_path, os.O_RDONLY)
     try:
-        assert shard_index.looks_cached(directory, 4096) is False
-        shard_index.prefetch_index(directory, 4096)  # whatever it answers, it must not raise
+        assert looks_cached(directory, 4096) is False
+        prefetch_index(directory, 4096)  # whatever it answers, it must not raise
     finally:
         os.close(directory)
     closed = os.open(tmp_path, os.O_RDONLY)
     os.close(closed)
-    assert shard_index.looks_cached(closed, 100) is False
-    assert shard_index.prefetch_index(closed, 100) is False  # EBADF from the advice is swallowed
+    assert looks_cached(closed, 100) is False
+    assert prefetch_index(closed, 100) is False  # EBADF from the advice is swallowed
 
 
 @needs_nowait
@@ -113,7 +114,7 @@ def test_probe_of_a_one_byte_file_reads_that_byte_and_leaves_the_file_offset_alo
             os.preadv(fd, [bytearray(1)], 0, os.RWF_NOWAIT)
         except OSError as error:
             pytest.skip(f"this file system refuses RWF_NOWAIT reads: {error}")
-        assert shard_index.looks_cached(fd, 1) is True
+        assert looks_cached(fd, 1) is True
         assert os.lseek(fd, 0, os.SEEK_CUR) == 0
     finally:
         os.close(fd)
@@ -125,8 +126,8 @@ def test_probe_of_an_empty_file_says_cached_and_advises_nothing(tmp_path):
     path.write_bytes(b"")
     fd = os.open(path, os.O_RDONLY)
     try:
-        assert shard_index.looks_cached(fd, 0) is True  # nothing to read
-        assert shard_index.prefetch_index(fd, 0) is True  # the loop over range(0, 0) advises nothing
+        assert looks_cached(fd, 0) is True  # nothing to read
+        assert prefetch_index(fd, 0) is True  # the loop over range(0, 0) advises nothing
         assert os.lseek(fd, 0, os.SEEK_CUR) == 0
     finally:
         os.close(fd)
@@ -139,7 +140,7 @@ def test_probe_with_a_size_of_zero_never_moves_the_file_offset(tmp_path):
     fd = os.open(path, os.O_RDONLY)
     try:
         os.pread(fd, 6, 0)
-        shard_index.prefetch_index(fd, 0)
+        prefetch_index(fd, 0)
         assert os.lseek(fd, 0, os.SEEK_CUR) == 0
     finally:
         os.close(fd)
@@ -153,20 +154,20 @@ def test_a_file_truncated_after_its_size_was_taken_is_advised_not_refused(tmp_pa
     try:
         os.pread(fd, 10_000, 0)
         os.truncate(path, 10)  # probes at 50_000 and 99_999 of the size taken before: past the end, 0 bytes read
-        assert shard_index.looks_cached(fd, 100_000) is False
-        assert shard_index.prefetch_index(fd, 100_000) is True
+        assert looks_cached(fd, 100_000) is False
+        assert prefetch_index(fd, 100_000) is True
         os.truncate(path, 0)
-        assert shard_index.looks_cached(fd, 100_000) is False
+        assert looks_cached(fd, 100_000) is False
     finally:
         os.close(fd)
 
 
 def test_an_index_of_exactly_the_limit_is_advised_one_byte_over_is_not(monkeypatch):
     with recorded_advice(monkeypatch) as advised:
-        assert shard_index.prefetch_index(-1, shard_index.PREFETCH_LIMIT)
-        assert sum(length for _, _, length, _ in advised) == shard_index.PREFETCH_LIMIT
+        assert prefetch_index(-1, PREFETCH_LIMIT)
+        assert sum(length for _, _, length, _ in advised) == PREFETCH_LIMIT
         advised.clear()
-        assert not shard_index.prefetch_index(-1, shard_index.PREFETCH_LIMIT + 1)
+        assert not prefetch_index(-1, PREFETCH_LIMIT + 1)
         assert advised == []
 
 
@@ -198,7 +199,7 @@ def test_without_rwf_nowait_every_index_under_the_limit_is_advised(tmp_path, mon
 def test_a_short_probe_read_means_not_cached(monkeypatch):
     monkeypatch.setattr(os, "preadv", lambda fd, buffers, position, flags=0: 0)
     monkeypatch.setattr(os, "RWF_NOWAIT", 8, raising=False)
-    assert shard_index.looks_cached(0, 100) is False
+    assert looks_cached(0, 100) is False
 
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm")

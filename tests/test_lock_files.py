@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 import varstore
-from varstore import locking
-from varstore.locking import directory_lock_path, is_locked, lock_directory, shard_lock_path
-from varstore.storage import TEMP_MARK
+from varstore.local import locks as locking
+from varstore.local.locks import directory_lock_path, is_locked, lock_directory, shard_lock_path
+from varstore.local.publish import TEMP_MARK
 
 TIMEOUT = 20
 
@@ -56,7 +56,7 @@ def test_fifo_at_a_lock_path_is_refused_without_hanging(tmp_path):
     (tmp_path / ("docs.data" + TEMP_MARK + "abcdef012345")).touch()
     probe = (
         "import varstore\n"
-        "from varstore.locking import is_locked\n"
+        "from varstore.local.locks import is_locked\n"
         "for attempt in (lambda: is_locked(%r), lambda: varstore.Writer(%r), lambda: varstore.remove_temporary_files(%r)):\n"
         "    try:\n"
         "        attempt()\n"
@@ -81,7 +81,7 @@ def test_dead_writers_lock_file_of_another_user_still_locks_for_this_one(tmp_pat
         os.chmod(directory_lock_path(shared), 0o644)
         nobody = 65534
         code = (
-            "import varstore, varstore.locking as locking\n"
+            "import varstore, varstore.local.locks as locking\n"
             "with varstore.ShardedWriter(%r) as writer:\n"
             "    writer.append(b'mine')\n"
             "    try:\n"
@@ -166,7 +166,7 @@ def test_release_leaves_a_lock_file_that_replaced_its_own(tmp_path):
 
 FORKED_CHILD_EXITS = """
 import os, sys, varstore
-from varstore.locking import lock_directory
+from varstore.local.locks import lock_directory
 directory = sys.argv[1]
 writer = varstore.ShardedWriter(directory, max_shard_records=100)
 writer.extend([b"before"] * 10)

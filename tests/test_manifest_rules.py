@@ -7,7 +7,7 @@ import json
 import pytest
 
 import varstore
-from varstore.manifest import MANIFEST_NAME, decode_manifest
+from varstore.format.manifest import MANIFEST_NAME, decode_manifest
 
 from .test_reader_metadata import traced_open
 

@@ -13,8 +13,8 @@ import pytest
 from crc32c import crc32c
 
 import varstore
-from varstore import format as fmt
-from varstore.manifest import MANIFEST_NAME
+from varstore.format import header as fmt
+from varstore.format.manifest import MANIFEST_NAME
 
 
 def spec_crc32c(document: dict[str, Any]) -> int:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import varstore
-from varstore.codecs import MsgpackCodec
+from varstore.format.codecs import MsgpackCodec
 
 from . import spec_reader
 from .test_untrusted_input import msgpack_shard

@@ -1,4 +1,4 @@
-"""varstore.parts: task attempts write part shards, the driver commits one manifest listing the successful ones."""
+"""varstore.dataset.parts: task attempts write part shards, the driver commits one manifest listing the successful ones."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import varstore
-from varstore.parts import PartWriter, abandon_run, commit_parts, new_run_id
+from varstore.dataset.parts import PartWriter, abandon_run, commit_parts, new_run_id
 from varstore.remote.filesystems import list_sizes, open_filesystem
 
 PARTS = [[f"part {part} record {index}".encode() * (index % 3 + 1) for index in range(7)] for part in range(3)]
@@ -141,7 +141,7 @@ def test_a_driver_killed_before_its_commit_leaves_no_manifest_and_abandon_run_cl
     driver = textwrap.dedent(
         f"""
         import os, sys
-        from varstore.parts import PartWriter
+        from varstore.dataset.parts import PartWriter
         entries = []
         for part in range(2):
             with PartWriter({str(destination)!r}, run_id={run_id!r}, part=part, attempt=0, max_shard_records=2) as writer:

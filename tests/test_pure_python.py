@@ -39,9 +39,9 @@ def without_extension() -> dict[str, str]:
 
 
 def test_no_extension_variable_leaves_varstore_without_its_extension():
-    check = ("import varstore._native as native, varstore.reader, varstore.checksum, varstore.msgpack_check; "
+    check = ("import varstore._native as native, varstore.shard.reader, varstore.format.checksum, varstore.format.msgpack_bounds; "
              "assert native.speedups is None; "
-             "assert varstore.reader.speedups is varstore.checksum.speedups is varstore.msgpack_check.speedups is None")
+             "assert varstore.shard.reader.speedups is varstore.format.checksum.speedups is varstore.format.msgpack_bounds.speedups is None")
     result = subprocess.run([sys.executable, "-c", check], cwd=ROOT, env=without_extension(), capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0, result.stderr

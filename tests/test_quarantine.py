@@ -121,7 +121,7 @@ def test_an_os_error_while_mapping_a_shard_raises_and_never_quarantines_it(tmp_p
     with varstore.ShardedWriter(directory, codec="ndarray", dtype="int32", max_shard_records=SHARD_RECORDS) as writer:
         writer.extend(np.full(3, index, np.int32) for index in range(2 * SHARD_RECORDS))
     dataset = RecordDataset(directory, output="numpy", on_damaged="skip")
-    import varstore.sharded_reader as sharded_reader
+    import varstore.dataset.local_source as sharded_reader
 
     real_open = sharded_reader.open_listed_shard
     failures = iter([True])

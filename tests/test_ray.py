@@ -19,9 +19,9 @@ ray = pytest.importorskip("ray", reason="the Ray tests need the ray extra: pip i
 pytest.importorskip("ray.data")
 
 import varstore  # noqa: E402
-from varstore.errors import ShardExistsError  # noqa: E402
-from varstore.manifest import MANIFEST_NAME  # noqa: E402
-from varstore.ray import VarstoreDatasink, read_varstore  # noqa: E402
+from varstore.errors import ShardExistsError
+from varstore.format.manifest import MANIFEST_NAME
+from varstore.ray import VarstoreDatasink, read_varstore
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:ray.data.context")  # Ray reading its own deprecated options
@@ -84,7 +84,7 @@ def blobs(count: int) -> list[bytes]:
 
 
 def test_import_varstore_never_imports_ray() -> None:
-    code = "import sys, varstore, varstore.parts; print(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'pandas')))"
+    code = "import sys, varstore, varstore.dataset.parts; print(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'pandas')))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT, check=True)
     assert result.stdout.strip() == "[]"
 

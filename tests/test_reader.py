@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 import varstore
-from varstore import format as fmt
-from varstore.checksum import crc32c
+from varstore.format import header as fmt
+from varstore.format.checksum import crc32c
+from varstore.format.metadata import encode_metadata
 
 
 def make_shard(path, records, **options) -> str:
@@ -210,7 +211,7 @@ def test_record_past_4_gib_reads_correctly_from_a_sparse_data_file(tmp_path):
         head = file.read(fmt.EDGE_SIZE)
         file.seek(size - fmt.EDGE_SIZE)
         edge = crc32c(file.read(), crc32c(head))
-    metadata = fmt.encode_metadata({}, {})
+    metadata = encode_metadata({}, {})
     body = metadata + bytes(fmt.align8(64 + len(metadata)) - 64 - len(metadata)) + struct.pack("<3Q", 0, hole, size)
     header = fmt.Header(0, 0, 2, size, len(metadata), 0, edge, crc32c(body))
     with open(index_path, "wb") as file:

@@ -13,10 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import varstore
-from varstore import format as fmt
-from varstore.checksum import crc32c
+from varstore.format import header as fmt
+from varstore.format.checksum import crc32c
 
 from .helpers_reliability import reseal_body
+from varstore.format.metadata import encode_metadata
 
 CODEC_IDS = {"bytes": 0, "str": 1, "ndarray": 2, "msgpack": 3}
 
@@ -25,7 +26,7 @@ def forge_shard(prefix, codec: str, data: bytes, offsets: list[int], *, checksum
     """Write a shard of `data` cut at `offsets` with every checksum consistent, as a buggy or hostile writer that
     recomputes them would: only the format's structural rules can catch what is wrong."""
     data_path, index_path = fmt.shard_paths(str(prefix))
-    metadata = fmt.encode_metadata(params or {}, {})
+    metadata = encode_metadata(params or {}, {})
     record_crcs = [crc32c(data[start:end]) for start, end in zip(offsets, offsets[1:])] if checksums else []
     body = (metadata + bytes(fmt.align8(fmt.HEADER_SIZE + len(metadata)) - fmt.HEADER_SIZE - len(metadata))
             + struct.pack(f"<{len(offsets)}Q", *offsets) + struct.pack(f"<{len(record_crcs)}I", *record_crcs))

@@ -10,7 +10,7 @@ import tracemalloc
 import pytest
 
 import varstore
-from varstore import format as fmt
+from varstore.format import header as fmt
 
 from .helpers_reliability import read_shard_files, with_metadata, write_shard_files
 

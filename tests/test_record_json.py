@@ -17,8 +17,8 @@ from hypothesis import given, reject
 from hypothesis import strategies as st
 
 import varstore
-from varstore.codecs import MsgpackCodec
-from varstore.record_json import from_json, to_json
+from varstore.format.codecs import MsgpackCodec
+from varstore.format.notation import from_json, to_json
 
 from .helpers_cli import run, run_json_lines, strict_json, write_shard
 from .test_codec_properties import msgpack_keys, msgpack_leaves, same

@@ -39,7 +39,7 @@ def run_child(script: str, cache: Path) -> subprocess.CompletedProcess[str]:
 STALLING_DATASET = """
     import sys, threading
     import varstore
-    import varstore.remote_shard as remote_shard
+    import varstore.shard.remote_shard as remote_shard
 
     url = "memory://attacks/" + str(abs(hash(sys.argv[1])))
     with varstore.ShardedWriter(url, "bytes", max_shard_records=100, overwrite=True) as writer:
@@ -48,10 +48,10 @@ STALLING_DATASET = """
     release = threading.Event()
     real_download = remote_shard.download_file
 
-    def stalling_download(fs, path, temporary, *, url):
+    def stalling_download(fs, path, temporary, *, url, **options):
         if url.endswith(".data"):
             release.wait()
-        return real_download(fs, path, temporary, url=url)
+        return real_download(fs, path, temporary, url=url, **options)
 
     remote_shard.download_file = stalling_download
     reader = varstore.open(url, cache_dir=sys.argv[1])
@@ -95,14 +95,14 @@ def test_forked_child_fetches_a_shard_whose_parent_fetch_was_in_flight(tmp_path:
 
 def _counting_downloads(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     """Downloads into the node cache, by object name."""
-    import varstore.remote_shard as remote_shard
+    import varstore.shard.remote_shard as remote_shard
 
     counts: Counter[str] = Counter()
     real_download = remote_shard.download_file
 
-    def counting_download(fs: Any, path: str, temporary: str, *, url: str) -> None:
+    def counting_download(fs: Any, path: str, temporary: str, *, url: str, **options: Any) -> None:
         counts[url.rsplit("/", 1)[-1]] += 1
-        real_download(fs, path, temporary, url=url)
+        real_download(fs, path, temporary, url=url, **options)
 
     monkeypatch.setattr(remote_shard, "download_file", counting_download)
     return counts
@@ -198,9 +198,9 @@ def test_a_huge_planted_journal_object_is_refused_without_being_read_whole(monke
     import fsspec
     import tracemalloc
 
-    import varstore.manifest
+    import varstore.format.manifest
 
-    monkeypatch.setattr(varstore.manifest, "MAX_MANIFEST_SIZE", 1 << 20)
+    monkeypatch.setattr(varstore.format.manifest, "MAX_MANIFEST_SIZE", 1 << 20)
     url = "memory://attacks/huge-journal"
     fsspec.filesystem("memory").pipe(url.removeprefix("memory://") + "/.varstore-journal", b"x" * (32 << 20))
     tracemalloc.start()
@@ -221,8 +221,8 @@ def test_a_damaged_data_object_is_fetched_whole_once_per_process_not_at_every_re
     in 3 epochs of 20 shards with 2 open). Once failed, it stays on ranges in this process; reads stay right."""
     import fsspec
 
-    import varstore.remote_shard as remote_shard
-    import varstore.sharded_reader as sharded_reader
+    import varstore.shard.remote_shard as remote_shard
+    import varstore.dataset.reader as sharded_reader
 
     monkeypatch.setattr(sharded_reader, "max_open_shards", lambda: 2)
     url = "memory://attacks/storm"
@@ -262,7 +262,7 @@ def test_closing_a_shard_while_its_background_fetch_runs_leaves_no_map(tmp_path:
     which kept it (and the evicted file's disk space) for as long as the object lived."""
     import threading
 
-    import varstore.remote_shard as remote_shard
+    import varstore.shard.remote_shard as remote_shard
 
     url = "memory://attacks/close-while-fetching"
     with varstore.ShardedWriter(url, "bytes", max_shard_records=100, overwrite=True) as writer:
@@ -270,11 +270,11 @@ def test_closing_a_shard_while_its_background_fetch_runs_leaves_no_map(tmp_path:
     downloading, release, fetched = threading.Event(), threading.Event(), threading.Event()
     real_download, real_fetch = remote_shard.download_file, remote_shard.RemoteShard._fetch_in_background
 
-    def held_download(fs: Any, path: str, temporary: str, *, url: str) -> None:
+    def held_download(fs: Any, path: str, temporary: str, *, url: str, **options: Any) -> None:
         if url.endswith(".data"):
             downloading.set()
             release.wait(CHILD_SECONDS)
-        real_download(fs, path, temporary, url=url)
+        real_download(fs, path, temporary, url=url, **options)
 
     def signalled_fetch(self: Any) -> None:
         real_fetch(self)

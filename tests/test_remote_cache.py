@@ -18,11 +18,11 @@ from typing import Any, Callable
 
 import pytest
 
-from varstore.checksum import crc32c
+from varstore.format.checksum import crc32c
 from varstore.errors import StorageError, VarstoreError
-from varstore.locking import LOCK_SUFFIX, WriterLock
+from varstore.local.locks import LOCK_SUFFIX, WriterLock
 from varstore.remote.cache import NodeCache, default_cache_dir, object_name
-from varstore.storage import TEMP_MARK
+from varstore.local.publish import TEMP_MARK
 
 FORK = multiprocessing.get_context("fork")
 WAIT_SECONDS = 20

@@ -25,8 +25,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import varstore
-from varstore import format as fmt
-from varstore.checksum import crc32c
+from varstore.format import header as fmt
+from varstore.format.checksum import crc32c
 from varstore.errors import (
     CorruptRecordError,
     DatasetReplacedError,

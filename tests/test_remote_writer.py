@@ -1,4 +1,4 @@
-"""`ShardedWriter(url, storage_options=...)` (varstore/remote_writer.py): shards uploaded as they commit, the
+"""`ShardedWriter(url, storage_options=...)` (varstore/dataset/remote_target.py): shards uploaded as they commit, the
 manifest last; kills, faults, resume from the object store and overwrite, against moto on loopback (s3) or
 fsspec's in-process memory filesystem (memory://)."""
 
@@ -18,7 +18,13 @@ import numpy as np
 import pytest
 
 import varstore
-from varstore.errors import ConcurrentWriterError, DatasetReplacedError, MissingFileError, ShardExistsError, StorageError
+from varstore.errors import (
+    ConcurrentWriterError,
+    DatasetReplacedError,
+    MissingFileError,
+    ShardExistsError,
+    StorageError,
+)
 from varstore.remote.filesystems import open_filesystem
 from tests.helpers_fault_proxy import FaultProxy, fault_proxy  # noqa: F401 - fault_proxy is a fixture
 

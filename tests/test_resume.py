@@ -7,7 +7,7 @@ import os
 import pytest
 
 import varstore
-from varstore.manifest import MANIFEST_NAME
+from varstore.format.manifest import MANIFEST_NAME
 
 from .helpers_reliability import assert_store_holds, final_index_names, make_records
 

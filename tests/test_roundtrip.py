@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import varstore
-from varstore.codecs import ALLOWED_DTYPES
+from varstore.format.codecs import ALLOWED_DTYPES
 
 from .test_codec_properties import same
 

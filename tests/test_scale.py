@@ -13,10 +13,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import varstore
-from varstore import format as fmt
-from varstore.checksum import crc32c
+from varstore.format import header as fmt
+from varstore.format.checksum import crc32c
 
 from .helpers_reliability import assert_store_holds, read_every_way
+from varstore.format.metadata import encode_metadata
 
 ZERO_CHUNK = bytes(64 << 20)
 
@@ -40,7 +41,7 @@ def write_sparse_shard(prefix: str, hole: int, tail: bytes) -> None:
         file.write(tail)
     size = hole + len(tail)
     hole_crc = crc32c_of_zeros(hole)
-    metadata = fmt.encode_metadata({"dtype": "|u1", "shape": []}, {"sparse": True})
+    metadata = encode_metadata({"dtype": "|u1", "shape": []}, {"sparse": True})
     body = (metadata + bytes(fmt.align8(fmt.HEADER_SIZE + len(metadata)) - fmt.HEADER_SIZE - len(metadata))
             + struct.pack("<3Q", 0, hole, size) + struct.pack("<2I", hole_crc, crc32c(tail)))
     edges = bytes(fmt.EDGE_SIZE) + (bytes(fmt.EDGE_SIZE) + tail)[-fmt.EDGE_SIZE :]

@@ -9,7 +9,7 @@ import pickle
 import pytest
 
 import varstore
-from varstore.manifest import MANIFEST_NAME, manifest_crc32c
+from varstore.format.manifest import MANIFEST_NAME, manifest_crc32c
 
 
 def write_dataset(directory, records, **options) -> None:

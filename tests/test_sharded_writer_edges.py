@@ -10,12 +10,14 @@ import time
 import pytest
 
 import varstore
-import varstore.manifest
-import varstore.run_start
-import varstore.sharded_writer
-from varstore.journal import JOURNAL_NAME, _line, read_journal
-from varstore.locking import lock_shard
-from varstore.manifest import MANIFEST_NAME
+import varstore.format.manifest
+import varstore.local.manifest_file
+import varstore.dataset.run_start
+import varstore.dataset.local_target
+import varstore.dataset.writer
+from varstore.local.journal import JOURNAL_NAME, _line, read_journal
+from varstore.local.locks import lock_shard
+from varstore.format.manifest import MANIFEST_NAME
 
 from .helpers_reliability import assert_store_holds, final_index_names, make_records
 
@@ -38,7 +40,7 @@ def die(writer: varstore.ShardedWriter) -> None:
 
 def test_interrupt_after_the_manifest_commit_point_leaves_abort_nothing_to_delete(tmp_path, monkeypatch):
     """Regression (a20): Ctrl-C inside close() just after manifest.json was named made abort() delete every shard."""
-    real_publish = varstore.manifest.publish_new
+    real_publish = varstore.local.manifest_file.publish_new
 
     def publish_then_interrupt(pairs):
         real_publish(pairs)
@@ -46,7 +48,7 @@ def test_interrupt_after_the_manifest_commit_point_leaves_abort_nothing_to_delet
 
     writer = varstore.ShardedWriter(tmp_path, max_shard_records=20)
     writer.extend(RECORDS)
-    monkeypatch.setattr(varstore.manifest, "publish_new", publish_then_interrupt)
+    monkeypatch.setattr(varstore.local.manifest_file, "publish_new", publish_then_interrupt)
     with pytest.raises(KeyboardInterrupt):
         writer.close()
     writer.abort()
@@ -57,7 +59,7 @@ def test_interrupt_after_the_manifest_commit_point_leaves_abort_nothing_to_delet
 def test_a_shard_name_taken_between_probe_and_lock_is_never_adopted_on_resume(tmp_path, monkeypatch):
     """Regression (a17): the journal named shard-000001 as this run's before its Writer owned it; a standalone
     Writer committed that name meanwhile, and resume adopted its records."""
-    real_is_locked = varstore.sharded_writer.is_locked
+    real_is_locked = varstore.dataset.writer.is_locked
 
     def foreign_writer_wins_the_window(path):
         taken = real_is_locked(path)
@@ -67,7 +69,7 @@ def test_a_shard_name_taken_between_probe_and_lock_is_never_adopted_on_resume(tm
         return taken
 
     writer = varstore.ShardedWriter(tmp_path, max_shard_records=20)
-    monkeypatch.setattr(varstore.sharded_writer, "is_locked", foreign_writer_wins_the_window)
+    monkeypatch.setattr(varstore.dataset.writer, "is_locked", foreign_writer_wins_the_window)
     with pytest.raises(varstore.ShardExistsError, match="resume=True"):
         writer.extend(RECORDS)
     monkeypatch.undo()
@@ -82,7 +84,7 @@ def test_a_shard_name_taken_between_probe_and_lock_is_never_adopted_on_resume(tm
 def test_a_shard_name_locked_by_another_writer_fails_the_sharded_writer(tmp_path, monkeypatch):
     """Regression (a16): a ConcurrentWriterError from the next shard's Writer left the ShardedWriter accepting
     records, with the other writer's shard journaled as its own."""
-    real_is_locked = varstore.sharded_writer.is_locked
+    real_is_locked = varstore.dataset.writer.is_locked
     foreign_locks = []
 
     def foreign_writer_locks_in_the_window(path):
@@ -92,7 +94,7 @@ def test_a_shard_name_locked_by_another_writer_fails_the_sharded_writer(tmp_path
         return taken
 
     writer = varstore.ShardedWriter(tmp_path, max_shard_records=20)
-    monkeypatch.setattr(varstore.sharded_writer, "is_locked", foreign_writer_locks_in_the_window)
+    monkeypatch.setattr(varstore.dataset.writer, "is_locked", foreign_writer_locks_in_the_window)
     with pytest.raises(varstore.ConcurrentWriterError, match="resume=True"):
         writer.extend(RECORDS)
     with pytest.raises(varstore.VarstoreError, match="append refused"):
@@ -218,7 +220,7 @@ def test_read_journal_is_linear_in_its_shard_count(tmp_path):
 
 
 def test_a_journal_over_its_size_limit_is_refused_not_cut_short(tmp_path, monkeypatch):
-    monkeypatch.setattr(varstore.manifest, "MAX_MANIFEST_SIZE", 1000)
+    monkeypatch.setattr(varstore.format.manifest, "MAX_MANIFEST_SIZE", 1000)
     header = {"journal": "varstore-writer-journal", "run": "r", "codec": {"name": "bytes", "params": {}}, "replaces": None}
     lines = [_line(header)] + [_line({"begun": f"shard-{number:06d}"}) for number in range(100)]
     (tmp_path / JOURNAL_NAME).write_bytes(b"".join(lines))
@@ -228,7 +230,7 @@ def test_a_journal_over_its_size_limit_is_refused_not_cut_short(tmp_path, monkey
 
 def test_the_writer_refuses_a_shard_the_manifest_has_no_room_for_and_still_closes(tmp_path, monkeypatch):
     """Regression (a28): past the manifest cap the writer took every record and failed at close, on every resume."""
-    monkeypatch.setattr(varstore.manifest, "MAX_MANIFEST_SIZE", 4096)
+    monkeypatch.setattr(varstore.format.manifest, "MAX_MANIFEST_SIZE", 4096)
     writer = varstore.ShardedWriter(tmp_path, max_shard_records=1)
     with pytest.raises(varstore.FormatError, match="manifest would exceed its limit of 4096 bytes"):
         writer.extend(RECORDS)
@@ -261,7 +263,7 @@ def test_resume_after_an_overwrite_stopped_before_its_journal_says_there_is_noth
 
 def test_interrupt_while_the_writer_starts_leaves_no_journal_and_no_lock(tmp_path, monkeypatch):
     """Ctrl-C landing just after a new run began its journal: nothing is left that a later writer must resume."""
-    from varstore import run_start
+    from varstore.dataset import run_start
 
     real_start = run_start._RunStart._start_run
 
@@ -288,13 +290,13 @@ def test_interrupt_inside_the_manifest_commit_after_its_rename_still_removes_the
     shards are removed all the same (they are listed by no manifest any more)."""
     with varstore.ShardedWriter(tmp_path, max_shard_records=2) as writer:
         writer.extend([b"old"] * 4)
-    real_commit = varstore.sharded_writer.commit_manifest_bytes
+    real_commit = varstore.dataset.local_target.commit_manifest_bytes
 
     def commit_then_interrupt(*args, **options):
         real_commit(*args, **options)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(varstore.sharded_writer, "commit_manifest_bytes", commit_then_interrupt)
+    monkeypatch.setattr(varstore.dataset.local_target, "commit_manifest_bytes", commit_then_interrupt)
     with pytest.raises(KeyboardInterrupt):
         with varstore.ShardedWriter(tmp_path, max_shard_records=2, overwrite=True) as writer:
             writer.extend([b"new"] * 3)
@@ -310,7 +312,7 @@ def test_a_kill_between_a_restart_and_its_cleanup_leaves_a_resumable_run(tmp_pat
     del writer  # killed: two shards committed, no manifest
     pid = os.fork()
     if pid == 0:  # the restart, killed between the journal's replacement and the cleanup
-        varstore.run_start._RunStart._remove_dead_writer_state = lambda self: os._exit(0)
+        varstore.dataset.run_start._RunStart._remove_dead_writer_state = lambda self: os._exit(0)
         try:
             varstore.ShardedWriter(tmp_path, max_shard_records=2, overwrite=True)
         finally:

@@ -18,9 +18,9 @@ import pytest
 pytest.importorskip("pyspark", reason="the Spark tests need the spark extra: pip install -e '.[spark]'")
 
 import varstore  # noqa: E402
-from varstore.errors import ShardExistsError  # noqa: E402
-from varstore.remote.filesystems import open_filesystem  # noqa: E402
-from varstore.spark import write_dataframe  # noqa: E402
+from varstore.errors import ShardExistsError
+from varstore.remote.filesystems import open_filesystem
+from varstore.spark import write_dataframe
 
 # 600 records of 0 to 3000 bytes (some empty) over 3 partitions; shards of at most 40 kB, so several per part.
 RECORD_COUNT = 600
@@ -93,7 +93,7 @@ def listed_files(names: list[str]) -> set[str]:
 
 
 def local_files(directory: Path) -> set[str]:
-    """Every file in `directory` but lock files (a writer's lock is unlinked at release, see varstore.locking)."""
+    """Every file in `directory` but lock files (a writer's lock is unlinked at release, see varstore.local.locks)."""
     return {name for name in os.listdir(directory) if not name.endswith(".lock")}
 
 

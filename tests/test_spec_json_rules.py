@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 import varstore
-from varstore import format as fmt
-from varstore.record_json import from_json, to_json
+from varstore.format import header as fmt
+from varstore.format.notation import from_json, to_json
 
 from . import spec_reader
+from varstore.format.metadata import canonical_json, parse_strict_json
 
 DAMAGED = Path(__file__).resolve().parent.parent / "spec" / "vectors" / "damaged"
 DBL_MAX = struct.unpack("<d", struct.pack("<Q", 0x7FEFFFFFFFFFFFFF))[0]
@@ -24,7 +25,7 @@ SMALLEST_SUBNORMAL = struct.unpack("<d", struct.pack("<Q", 1))[0]
 
 def both_parse(text: bytes) -> tuple:
     """The value each reader makes of the metadata-like JSON `text` (both must agree)."""
-    return spec_reader.parse_strict_json(text, "§1.4"), fmt.parse_strict_json(text, 64, what="metadata", path="m")
+    return spec_reader.parse_strict_json(text, "§1.4"), parse_strict_json(text, 64, what="metadata", path="m")
 
 
 @pytest.mark.parametrize(
@@ -49,7 +50,7 @@ def test_a_number_whose_nearest_float64_is_infinite_is_refused(number):
     with pytest.raises(spec_reader.SpecError):
         spec_reader.parse_strict_json(b'{"x":' + number + b"}", "§1.4")
     with pytest.raises(varstore.FormatError, match="overflows"):
-        fmt.parse_strict_json(b'{"x":' + number + b"}", 64, what="metadata", path="m")
+        parse_strict_json(b'{"x":' + number + b"}", 64, what="metadata", path="m")
 
 
 def test_member_names_are_compared_after_unescaping():
@@ -57,7 +58,7 @@ def test_member_names_are_compared_after_unescaping():
     with pytest.raises(spec_reader.SpecError, match="repeats a member name"):
         spec_reader.parse_strict_json(b'{"a":1,"\\u0061":2}', "§1.4")
     with pytest.raises(varstore.FormatError, match="appears twice"):
-        fmt.parse_strict_json(b'{"a":1,"\\u0061":2}', 64, what="metadata", path="m")
+        parse_strict_json(b'{"a":1,"\\u0061":2}', 64, what="metadata", path="m")
 
 
 def test_a_nul_in_a_member_name_is_allowed_and_makes_another_name():
@@ -68,7 +69,7 @@ def test_a_float_is_written_with_the_digits_closest_to_its_value_among_the_short
     """Both 3.0168212434893705e+21 and ...704e+21 read back to this float; the canonical one is the closer to it."""
     value = float("3.0168212434893705e+21")
     assert float("3.0168212434893704e+21") == value
-    assert fmt.canonical_json({"x": value}, what="m") == b'{"x":3.0168212434893705e+21}'
+    assert canonical_json({"x": value}, what="m") == b'{"x":3.0168212434893705e+21}'
 
 
 def test_notation_keeps_object_members_in_the_order_written():

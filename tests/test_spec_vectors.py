@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import varstore
-from varstore.record_json import to_json
+from varstore.format.notation import to_json
 
 from . import spec_reader, spec_writer
 

@@ -28,13 +28,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import varstore
-import varstore.reader as reader_module
-from varstore import msgpack_check
+import varstore.shard.reader as reader_module
+from varstore.format import msgpack_bounds as msgpack_check
 from varstore._native import speedups
-from varstore.checksum import crc32c_of_each, crc32c_of_ranges
-from varstore.codecs import ARRAY_EXT_TYPE, MsgpackCodec
+from varstore.format.checksum import crc32c_of_each, crc32c_of_ranges
+from varstore.format.codecs import ARRAY_EXT_TYPE, MsgpackCodec
 from varstore.errors import ClosedError, CorruptRecordError
-from varstore.msgpack_check import MAX_DEPTH, check_msgpack
+from varstore.format.msgpack_bounds import MAX_DEPTH, check_msgpack
 
 pytestmark = pytest.mark.skipif(speedups is None, reason="varstore._speedups was not built (or VARSTORE_NO_EXTENSION is set)")
 
@@ -44,7 +44,7 @@ def extension_disabled() -> Iterator[None]:
     """Every varstore module that took the extension sees None instead, as with VARSTORE_NO_EXTENSION=1."""
     modules = [module for name, module in sorted(sys.modules.items())
                if name.startswith("varstore") and module is not None and getattr(module, "speedups", None) is speedups]
-    assert {reader_module, msgpack_check, sys.modules["varstore.checksum"]} <= set(modules)
+    assert {reader_module, msgpack_check, sys.modules["varstore.format.checksum"]} <= set(modules)
     with contextlib.ExitStack() as stack:
         for module in modules:
             stack.enter_context(_patched(module))

@@ -26,11 +26,11 @@ import numpy as np
 import pytest
 
 import varstore
-from varstore import msgpack_check
+from varstore.format import msgpack_bounds as msgpack_check
 from varstore._native import speedups
-from varstore.codecs import NdarrayCodec
+from varstore.format.codecs import NdarrayCodec
 from varstore.errors import RecordTypeError, VarstoreError
-from varstore.msgpack_check import MAX_DEPTH, check_msgpack
+from varstore.format.msgpack_bounds import MAX_DEPTH, check_msgpack
 
 from .test_speedups import assert_readers_agree, extension_disabled, outcome, patch_offset, reader_pair, write_shard
 
@@ -92,7 +92,7 @@ def test_python_get_batch_survives_the_reader_closed_by_a_finalizer_mid_batch():
 OFFSETS_CHANGED_DURING_CHECKSUM = """
     import threading
     import numpy as np
-    from varstore.checksum import crc32c_of_ranges
+    from varstore.format.checksum import crc32c_of_ranges
     data = bytes(64 << 20)
     offsets = np.array([0, 32 << 20, 64 << 20], "<u8")  # valid when the call checks them
     go = threading.Event()

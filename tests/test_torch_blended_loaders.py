@@ -15,7 +15,14 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 import varstore
 from varstore import VarstoreError
-from varstore.torch import BlendedDataset, ExactlyOnceSampler, JaggedBatch, RecordDataset, TokenWindowDataset, collate_jagged
+from varstore.torch import (
+    BlendedDataset,
+    ExactlyOnceSampler,
+    JaggedBatch,
+    RecordDataset,
+    TokenWindowDataset,
+    collate_jagged,
+)
 
 from .test_torch_distributed import _free_port
 

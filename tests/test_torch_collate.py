@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import varstore
-from varstore.reader import FlatBatch
+from varstore.shard.reader import FlatBatch
 from varstore.torch import JaggedBatch, PaddedBatch, collate_jagged, collate_padded
 
 

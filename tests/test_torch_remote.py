@@ -23,11 +23,11 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("fsspec")
 
 import varstore  # noqa: E402
-from varstore.errors import CorruptRecordError, MissingFileError  # noqa: E402
-from varstore.locking import directory_lock_path, lock_waiting  # noqa: E402
-from varstore.remote.filesystems import open_filesystem  # noqa: E402
-from varstore.torch import RecordDataset, RecordStream, TokenWindowDataset  # noqa: E402
-from varstore.torch.prefetch import SHARDS_AHEAD, Prefetcher  # noqa: E402
+from varstore.errors import CorruptRecordError, MissingFileError
+from varstore.local.locks import directory_lock_path, lock_waiting
+from varstore.remote.filesystems import open_filesystem
+from varstore.torch import RecordDataset, RecordStream, TokenWindowDataset
+from varstore.torch.prefetch import SHARDS_AHEAD, Prefetcher
 
 # A node cache too small for any dataset here: reads stay ranged (no shard fetched whole) and a shuffled
 # RecordStream reads windows by ranges, the modes of a dataset larger than the cache.

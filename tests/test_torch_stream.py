@@ -202,7 +202,7 @@ def test_a_worker_starting_the_same_epoch_twice_warns_about_persistent_workers(d
 def test_dataset_prefetch_asks_each_shard_for_its_part_of_the_range(datasets):
     dataset = varstore.open(datasets[150])
     asked = []
-    with patch("varstore.reader.Reader.prefetch", lambda shard, start, stop: asked.append((shard.path, start, stop))):
+    with patch("varstore.shard.reader.Reader.prefetch", lambda shard, start, stop: asked.append((shard.path, start, stop))):
         dataset.prefetch(10, 40)
         dataset.prefetch(-5, 1000)
         dataset.prefetch(30, 30)

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 import varstore
-from varstore import format as fmt
-from varstore.manifest import MANIFEST_NAME, MAX_MANIFEST_SIZE, manifest_crc32c
-from varstore.msgpack_check import MAX_DEPTH
+from varstore.format import header as fmt
+from varstore.format.manifest import MANIFEST_NAME, MAX_MANIFEST_SIZE, manifest_crc32c
+from varstore.format.msgpack_bounds import MAX_DEPTH
 
 from .helpers_reliability import exited_cleanly, read_shard_files, rewrite_header, with_metadata, write_shard_files
 

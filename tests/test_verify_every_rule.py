@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import varstore
-from varstore import format as fmt
+from varstore.format import header as fmt
 
 from .helpers_reliability import header_field, read_shard_files, rewrite_header, write_shard_files
 from .test_reader_damage import forge_shard, joined

@@ -62,7 +62,7 @@ def test_second_writer_of_one_shard_is_refused_while_the_first_lives(tmp_path):
 
 def assert_only_the_first_of_two_unlocked_writers_publishes(prefix, monkeypatch) -> None:
     """Two writers of one shard with the lock disabled (another machine, say): the later commit is refused."""
-    monkeypatch.setattr(varstore.writer, "lock_shard", lambda prefix: None)
+    monkeypatch.setattr(varstore.shard.writer, "lock_shard", lambda prefix: None)
     late = varstore.Writer(prefix)
     late.append(b"late")
     with varstore.Writer(prefix) as first:
@@ -183,7 +183,7 @@ def _peak_memory_writing(path, count: int) -> int:
 
 
 def test_writer_memory_does_not_grow_with_the_record_count(tmp_path, monkeypatch):
-    monkeypatch.setattr(varstore.writer, "_SPOOL_ENTRIES", 1024)  # spool often, so small counts show the bound
+    monkeypatch.setattr(varstore.shard.writer, "_SPOOL_ENTRIES", 1024)  # spool often, so small counts show the bound
     small = _peak_memory_writing(tmp_path / "small", 20_000)
     large = _peak_memory_writing(tmp_path / "large", 80_000)
     # Keeping offsets in memory would cost at least 8 bytes per extra record.
@@ -240,7 +240,7 @@ def test_writer_interrupted_while_it_starts_leaves_no_file(tmp_path, monkeypatch
     def interrupted(*args, **options):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(varstore.writer, "write_all", interrupted)
+    monkeypatch.setattr(varstore.shard.writer, "write_all", interrupted)
     with pytest.raises(KeyboardInterrupt) as caught:
         varstore.Writer(tmp_path / "docs")
     assert os.listdir(tmp_path) == []

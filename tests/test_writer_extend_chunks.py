@@ -1,4 +1,4 @@
-"""`extend` encodes and buffers 1,024 records at a time (`varstore.writer.extend_in_chunks`); what it stores, what it
+"""`extend` encodes and buffers 1,024 records at a time (`varstore.shard.writer.extend_in_chunks`); what it stores, what it
 refuses, and what it keeps when the iterable fails must be exactly what `append` per record gives.
 
 Every write runs under `write_budget`: a writer that writes more than its records' payloads and index entries
@@ -23,8 +23,8 @@ from hypothesis.control import currently_in_test_context
 from hypothesis import strategies as st
 
 import varstore
-from varstore import writer as writer_module
-from varstore.codecs import make_codec
+from varstore.shard import writer as writer_module
+from varstore.format.codecs import make_codec
 from varstore.errors import ClosedError, RecordTypeError
 
 pytestmark = pytest.mark.timeout(150)

@@ -12,8 +12,8 @@ from typing import Any, Callable
 import pytest
 
 import varstore
-from varstore.locking import lock_directory
-from varstore.storage import TEMP_MARK, temporary_path
+from varstore.local.locks import lock_directory
+from varstore.local.publish import TEMP_MARK, temporary_path
 
 from .helpers_reliability import assert_store_holds, make_records
 
@@ -107,7 +107,7 @@ def hold_writer(prefix: Path) -> Callable[[Any], Any]:
 
 def hold_write_manifest(directory: Path) -> Callable[[Any], Any]:
     def work(connection: Any) -> None:
-        import varstore.sharded_writer as sharded
+        import varstore.dataset.writer as sharded
 
         describe = sharded.describe_shard
 
@@ -252,9 +252,9 @@ def publish_after_barrier(prefix: Path, records: list[bytes], barrier: Any) -> C
     first naming call, after both have passed every existence check."""
 
     def work(connection: Any) -> str:
-        import varstore.writer
+        import varstore.shard.writer
 
-        varstore.writer.lock_shard = lambda path: None
+        varstore.shard.writer.lock_shard = lambda path: None
         originals = {name: getattr(os, name) for name in ("link", "replace")}
 
         def naming(name: str) -> Callable[..., Any]:

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import varstore
-from varstore.codecs import MAX_ARRAY_DIMS, codec_from_stored, make_codec
-from varstore.storage import TEMP_MARK
+from varstore.format.codecs import MAX_ARRAY_DIMS, codec_from_stored, make_codec
+from varstore.local.publish import TEMP_MARK
 
 from .test_reader_damage import forge_shard, joined
 

@@ -17,7 +17,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import varstore  # noqa: E402
-from varstore.record_json import to_json  # noqa: E402
+from varstore.format.notation import to_json
 
 OUT = Path(__file__).resolve().parent.parent / "demo-out"
 SAMPLES = 20_000

@@ -28,7 +28,7 @@ import atheris
 
 with atheris.instrument_imports(include=["varstore"]):
     import varstore
-    from varstore import format as fmt
+    from varstore.format import header as fmt
 
 from tests.helpers_reliability import (
     assert_reads_agree,

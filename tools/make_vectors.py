@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import varstore  # noqa: E402
-from varstore.record_json import from_json  # noqa: E402
+from varstore.format.notation import from_json
 
 VECTORS = ROOT / "spec" / "vectors"
 
@@ -44,7 +44,7 @@ def header_disagreements(prefix: Path, description: dict[str, Any]) -> list[str]
     with varstore.open(prefix) as reader:
         header = reader.header
         written = {
-            "format_version": [varstore.format.MAJOR_VERSION, header.minor_version],
+            "format_version": [varstore.format.header.MAJOR_VERSION, header.minor_version],
             "record_count": header.record_count,
             "data_size": header.data_size,
             "data_crc32c": header.data_crc32c,

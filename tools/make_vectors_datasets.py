@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import varstore  # noqa: E402
-from varstore.checksum import crc32c  # noqa: E402
-from varstore.manifest import manifest_crc32c  # noqa: E402
+from varstore.format.checksum import crc32c
+from varstore.format.manifest import manifest_crc32c
 from tools.make_vectors import write_vector  # noqa: E402
 
 VECTORS = ROOT / "spec" / "vectors"

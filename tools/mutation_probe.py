@@ -4,8 +4,8 @@ Usage (from the repository root, with the development environment):
 
     .venv/bin/python tools/mutation_probe.py                      # every module below, ~35 min budget
     .venv/bin/python tools/mutation_probe.py --budget 600 varstore/torch/sampler.py
-    .venv/bin/python tools/mutation_probe.py --list varstore/format.py   # show the mutants, run nothing
-    .venv/bin/python tools/mutation_probe.py --only varstore/reader.py:17  # rerun one mutant by number
+    .venv/bin/python tools/mutation_probe.py --list varstore/format/header.py   # show the mutants, run nothing
+    .venv/bin/python tools/mutation_probe.py --only varstore/shard/reader.py:17  # rerun one mutant by number
     .venv/bin/python tools/mutation_probe.py > run.log; ...add tests...; \
         .venv/bin/python tools/mutation_probe.py --rerun run.log      # did the new tests kill the survivors?
 
@@ -46,18 +46,21 @@ PYTHON = ROOT / ".venv" / "bin" / "python"
 
 # The fast tests that should notice a bug in each module (run with -x: the first failure kills a mutant).
 MODULE_TESTS = {
-    "varstore/format.py": ["tests/test_spec_vectors.py", "tests/test_boundaries.py", "tests/test_reader.py",
-                           "tests/test_corruption.py", "tests/test_roundtrip.py"],
-    "varstore/codecs.py": ["tests/test_boundaries.py", "tests/test_roundtrip.py", "tests/test_writer.py",
-                           "tests/test_reader.py", "tests/test_spec_vectors.py"],
-    "varstore/writer.py": ["tests/test_boundaries.py", "tests/test_writer.py", "tests/test_roundtrip.py",
-                           "tests/test_faults.py", "tests/test_spec_vectors.py", "tests/test_reader.py"],
-    "varstore/reader.py": ["tests/test_boundaries.py", "tests/test_reader.py", "tests/test_corruption.py",
-                           "tests/test_roundtrip.py", "tests/test_spec_vectors.py"],
-    "varstore/shard_index.py": ["tests/test_boundaries.py", "tests/test_reader.py", "tests/test_corruption.py",
+    "varstore/format/header.py": ["tests/test_spec_vectors.py", "tests/test_boundaries.py", "tests/test_reader.py",
+                                  "tests/test_corruption.py", "tests/test_roundtrip.py"],
+    "varstore/format/metadata.py": ["tests/test_canonical_json.py", "tests/test_spec_json_rules.py",
+                                    "tests/test_reader_metadata.py", "tests/test_spec_vectors.py"],
+    "varstore/format/codecs.py": ["tests/test_boundaries.py", "tests/test_roundtrip.py", "tests/test_writer.py",
+                                  "tests/test_reader.py", "tests/test_spec_vectors.py"],
+    "varstore/shard/writer.py": ["tests/test_boundaries.py", "tests/test_writer.py", "tests/test_roundtrip.py",
+                                 "tests/test_faults.py", "tests/test_spec_vectors.py", "tests/test_reader.py"],
+    "varstore/shard/reader.py": ["tests/test_boundaries.py", "tests/test_reader.py", "tests/test_corruption.py",
+                                 "tests/test_roundtrip.py", "tests/test_spec_vectors.py"],
+    "varstore/shard/index.py": ["tests/test_boundaries.py", "tests/test_reader.py", "tests/test_corruption.py",
                                 "tests/test_roundtrip.py", "tests/test_spec_vectors.py"],
-    "varstore/manifest.py": ["tests/test_boundaries.py", "tests/test_sharded.py", "tests/test_resume.py",
-                             "tests/test_corruption.py"],
+    "varstore/format/manifest.py": ["tests/test_boundaries.py", "tests/test_sharded.py", "tests/test_resume.py",
+                                    "tests/test_corruption.py", "tests/test_manifest_rules.py"],
+    "varstore/local/manifest_file.py": ["tests/test_sharded.py", "tests/test_resume.py", "tests/test_manifest_rules.py"],
     "varstore/torch/sampler.py": ["tests/test_torch_sampler.py", "tests/test_boundaries.py"],
     "varstore/torch/token_windows.py": ["tests/test_torch_token_windows.py", "tests/test_boundaries.py"],
 }

@@ -30,7 +30,7 @@ from tests.test_crash import (  # noqa: E402
 )
 
 import varstore  # noqa: E402
-from varstore.manifest import MANIFEST_NAME  # noqa: E402
+from varstore.format.manifest import MANIFEST_NAME
 
 
 def random_workload(generator: random.Random) -> tuple[dict, list[bytes]]:

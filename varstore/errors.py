@@ -1,10 +1,18 @@
-"""The exception hierarchy: every error varstore raises derives from `VarstoreError`.
+"""The exception hierarchy: every error varstore raises derives from `VarstoreError` (but `CommandError`, a request
+refused in one line, which the command line and `convert` report).
 
 Subclasses also derive from the matching built-in (IndexError, TypeError, ...)
 so code written for sequences and files keeps working.
 """
 
 from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any, Sequence
+
+USAGE_EXIT_CODE = 2
+FAILURE_EXIT_CODE = 1
 
 
 class VarstoreError(Exception):
@@ -61,3 +69,31 @@ class ConcurrentWriterError(VarstoreError):
 
 class DatasetReplacedError(VarstoreError):
     """A dataset or shard changed on disk after a reader opened it; reading on would mix two versions."""
+
+
+class CommandError(Exception):
+    """A request that cannot be carried out as asked (a conversion's input, a command's arguments), reported in
+    one line with the exit code it deserves; the command line prints it, `varstore.conversion.convert` turns it into
+    a `VarstoreError`."""
+
+    exit_code = FAILURE_EXIT_CODE
+
+
+class UsageError(CommandError):
+    """An argument is wrong in a way argparse cannot see (a range, an index, an option that does not apply)."""
+
+    exit_code = USAGE_EXIT_CODE
+
+
+def require_extra(module: str, extra: str, feature: str) -> ModuleType:
+    """Import an optional dependency, or say which varstore extra brings it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise CommandError(f"{feature} needs {module}: pip install 'varstore[{extra}]'") from None
+
+
+def listing(items: Sequence[Any], most: int = 20) -> str:
+    """``a, b, c`` or, past `most` items, ``a, b and 98 more``: how messages list what they name."""
+    shown = ", ".join(map(str, items[:most]))
+    return shown + (f" and {len(items) - most:,} more" if len(items) > most else "")

@@ -191,7 +191,7 @@ def _serial(task: dict[str, Any]) -> dict[str, Any]:
 def _convert(workers: int) -> Callable[[dict[str, Any]], dict[str, Any]]:
     def run(task: dict[str, Any]) -> dict[str, Any]:
         def start() -> Callable[[], None]:
-            import varstore.conversion  # noqa: F401
+            import varstore.conversion
 
             return _nothing_to_stop
 
@@ -209,7 +209,7 @@ def _ray(task: dict[str, Any]) -> dict[str, Any]:
     def start() -> Callable[[], None]:
         import ray
 
-        import varstore.ray  # noqa: F401
+        import varstore.ray
 
         ray.init(num_cpus=task["cores"], include_dashboard=False, log_to_driver=False, configure_logging=False)
         context = ray.data.DataContext.get_current()
@@ -235,7 +235,7 @@ def _spark(task: dict[str, Any]) -> dict[str, Any]:
         os.environ["PYSPARK_PYTHON"] = sys.executable
         from pyspark.sql import SparkSession
 
-        import varstore.spark  # noqa: F401
+        import varstore.spark
 
         partition_bytes = os.path.getsize(task["input"]) // task["cores"] + 1  # one partition per core
         spark = (

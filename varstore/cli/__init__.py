@@ -10,11 +10,10 @@ import argparse
 import sys
 from typing import NoReturn
 
-from .. import __version__
-from ..errors import RecordIndexError, VarstoreError
+from .._version import __version__
+from ..errors import FAILURE_EXIT_CODE, USAGE_EXIT_CODE, CommandError, RecordIndexError, VarstoreError
 from . import convert, cp, dump, info, merge, repair, stats, verify
 from .dump import join_negative_range
-from .errors import FAILURE_EXIT_CODE, USAGE_EXIT_CODE, CommandError
 from .output import discard_standard_output, writing_to_standard_output
 
 _INTERRUPTED_EXIT_CODE = 130

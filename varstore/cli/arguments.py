@@ -1,14 +1,15 @@
-"""Argument types shared by the commands; each raises argparse's error, so a bad value is a usage error (exit 2)."""
+"""Argument types and options shared by the commands, and the parser of each (`command_parser`); each type raises
+argparse's error, so a bad value is a usage error (exit 2)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-from typing import Any
+from typing import Any, Callable
 
-from ..manifest import MANIFEST_NAME
+from ..local.destination import ALLOW_OTHER_FILES_OPTION
+from ..operations.locations import store_path
 
 LOCAL_STORE_HELP = "a shard (its name, .index or .data file), or a dataset (its directory or its manifest.json)"
 STORE_HELP = LOCAL_STORE_HELP + ", at a local path or at a URL of object storage (s3://bucket/dataset, any fsspec URL)"
@@ -51,11 +52,18 @@ def json_object(text: str) -> dict[str, Any]:
     return value
 
 
-def store_path(path: str) -> str:
-    """The path to open for what a user named: a dataset's ``manifest.json`` stands for its directory."""
-    if os.path.basename(path) == MANIFEST_NAME and os.path.isfile(path):
-        return os.path.dirname(path) or "."
-    return path
+def command_parser(commands: Any, name: str, run: Callable[[argparse.Namespace], int], *, help: str,
+                   description: str, epilog: str | None = None) -> argparse.ArgumentParser:
+    """The parser of the command `name`, which calls `run` with the parsed arguments.
+
+    `description` is one paragraph, however its source is wrapped; an `epilog` (examples, limits, layouts) is
+    shown as written, and the description then as one line."""
+    parser = commands.add_parser(
+        name, help=help, description=" ".join(description.split()), epilog=epilog,
+        **({"formatter_class": argparse.RawDescriptionHelpFormatter} if epilog is not None else {}),
+    )
+    parser.set_defaults(run=run)
+    return parser
 
 
 def add_store_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,3 +74,8 @@ def add_store_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_quiet_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+
+def add_allow_other_files_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(ALLOW_OTHER_FILES_OPTION, action="store_true",
+                        help="write into DST even though it holds files that are not a dataset's (they are left alone)")

@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 import argparse
-import os
 import time
-from contextlib import nullcontext
-from typing import Any, ContextManager
+from functools import partial
+from typing import Any
 
-import varstore
-
-from ..remote.filesystems import is_url
-from .. import conversion  # a module: varstore.conversion imports this package
-from ..storage import make_directories
-from .arguments import add_quiet_option, byte_size, json_object, positive_int
-from .destination import add_allow_other_files_option, check_destination, removed_if_created_and_failed
-from .errors import CommandError, UsageError
+from ..conversion.driver import run_conversion
+from ..conversion.sources import FORMAT_OPTIONS, SOURCE_OPTIONS
+from ..errors import CommandError, ShardExistsError
+from ..operations.locations import is_url
+from .arguments import (
+    add_allow_other_files_option,
+    add_quiet_option,
+    byte_size,
+    command_parser,
+    json_object,
+    positive_int,
+)
 from .output import format_size, plural, progress_bar
-from .sources import FORMAT_OPTIONS, SOURCE_OPTIONS, FolderSource, Source, open_source, source_format
 from .stores import REMOTE_EPILOG, add_location_options, check_location_options, open_store
 
 _EPILOG = """sources (the format is told by the name, or by --format):
@@ -79,16 +81,14 @@ examples:
 
 """ + REMOTE_EPILOG
 
+_DESCRIPTION = """Build a dataset directory DST from SRC, streaming: memory stays bounded whatever the size (see
+limits below)."""
+
 
 def add_parser(commands: Any) -> None:
-    parser = commands.add_parser(
-        "convert",
-        help="build a dataset from .npy, token, JSON Lines, text, folder or Parquet sources",
-        description="Build a dataset directory DST from SRC, streaming: memory stays bounded whatever the size "
-        "(see limits below).",
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = command_parser(commands, "convert", run,
+                            help="build a dataset from .npy, token, JSON Lines, text, folder or Parquet sources",
+                            description=_DESCRIPTION, epilog=_EPILOG)
     parser.add_argument("source", metavar="SRC", help="the file or folder to read")
     parser.add_argument("destination", metavar="DST", help="the dataset directory to write, or a URL of object storage")
     parser.add_argument("--format", choices=sorted(FORMAT_OPTIONS), help="the source format, when its name does not tell")
@@ -122,18 +122,6 @@ def add_parser(commands: Any) -> None:
     add_allow_other_files_option(parser)
     add_quiet_option(parser)
     add_location_options(parser, cache=False)
-    parser.set_defaults(run=run)
-
-
-def _check_destination_outside(destination: str, folder: str, role: str) -> None:
-    """Refuse to write DST into a folder convert reads, `role` (the source folder, or a class folder, which may be a
-    link to anywhere): its own files (shards, journal, lock) would become records."""
-    real, target = os.path.realpath(folder), os.path.realpath(destination)
-    if os.path.commonpath([real, target]) == real:
-        where = "is" if real == target else "lies inside"
-        linked = f" (a link to {real})" if os.path.islink(folder) else ""
-        raise UsageError(f"DST {destination} {where} {role} {folder}{linked}; convert would read its own output: "
-                         "write the dataset outside the folders it reads")
 
 
 def _source_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -141,83 +129,28 @@ def _source_options(args: argparse.Namespace) -> dict[str, Any]:
     return {option: getattr(args, option) for option in SOURCE_OPTIONS if getattr(args, option) is not None}
 
 
-def _open_source(args: argparse.Namespace) -> tuple[Source, str]:
-    """The source the arguments describe, with every option checked against its format, and its format."""
-    if not os.path.exists(args.source):
-        raise CommandError(f"{args.source}: no such file or folder")
-    kind = source_format(args.source, args.format)
-    if kind == "folder" and os.path.isdir(args.source):
-        _check_destination_outside(args.destination, args.source, "the source folder")
-    source = open_source(args.source, kind, _source_options(args))
-    if isinstance(source, FolderSource):
-        for class_folder in source.class_folders:  # a linked one may lead anywhere, DST included
-            _check_destination_outside(args.destination, class_folder, "the class folder")
-    return source, kind
-
-
 _EXISTING_DATASET = "a dataset, or the shards of an interrupted writer, is already there; pass --overwrite to replace it"
-
-
-def _dataset_writer(args: argparse.Namespace, source: Source) -> varstore.ShardedWriter:
-    """The writer of DST; its refusal to replace what is there is worded for the command line (convert
-    always starts again: it has no resume)."""
-    metadata = conversion.dataset_metadata(source, args.metadata)
-    try:
-        return varstore.ShardedWriter(
-            args.destination, codec=source.codec, dtype=source.dtype, shape=source.shape, metadata=metadata,
-            max_shard_bytes=args.max_shard_bytes, max_shard_records=args.max_shard_records, overwrite=args.overwrite,
-            **({"storage_options": args.storage_options} if is_url(args.destination) else {}),
-        )
-    except varstore.ShardExistsError as error:
-        raise CommandError(f"{error.path}: {_EXISTING_DATASET}") from None
-
-
-def _local_destination(args: argparse.Namespace) -> ContextManager[None]:
-    """A local DST directory is removed again if convert created it and fails; a URL has no directory to remove."""
-    return nullcontext() if is_url(args.destination) else removed_if_created_and_failed(args.destination)
-
-
-def _convert_serially(args: argparse.Namespace, source: Source) -> None:
-    # The writer locks DST for the whole run, and on an error removes every shard it wrote.
-    with _local_destination(args), _dataset_writer(args, source) as writer:
-        if not is_url(args.destination):
-            check_destination(args.destination, command="convert", keeps_dataset=True, allow_other_files=args.allow_other_files)
-        with progress_bar(source.total, description="convert", unit=source.unit, quiet=args.quiet) as progress:
-            source.write_to(writer, progress)
-
-
-def _convert_in_parts(args: argparse.Namespace, source: Source, kind: str) -> None:
-    """--workers N: the parts written by worker processes and committed in order (`varstore.conversion`)."""
-    with _local_destination(args):
-        if not is_url(args.destination):
-            make_directories(args.destination)
-            check_destination(args.destination, command="convert", keeps_dataset=True, allow_other_files=args.allow_other_files)
-        with progress_bar(source.total, description="convert", unit=source.unit, quiet=args.quiet) as progress:
-            try:
-                conversion.write_in_parts(
-                    source, args.source, kind, _source_options(args), args.destination, workers=args.workers,
-                    metadata=args.metadata, overwrite=args.overwrite, max_shard_bytes=args.max_shard_bytes,
-                    max_shard_records=args.max_shard_records, progress=progress,
-                    storage_options=args.storage_options if is_url(args.destination) else None,
-                )
-            except varstore.ShardExistsError as error:
-                raise CommandError(f"{args.destination}: {_EXISTING_DATASET}") from None
 
 
 def run(args: argparse.Namespace) -> int:
     check_location_options(args, args.destination)
-    source, kind = _open_source(args)
     started = time.perf_counter()
-    if args.workers == 1:
-        _convert_serially(args, source)
-    else:
-        _convert_in_parts(args, source, kind)
+    try:
+        conversion = run_conversion(
+            args.source, args.destination, format=args.format, source_options=_source_options(args),
+            workers=args.workers, metadata=args.metadata, overwrite=args.overwrite, max_shard_bytes=args.max_shard_bytes,
+            max_shard_records=args.max_shard_records, allow_other_files=args.allow_other_files,
+            storage_options=args.storage_options if is_url(args.destination) else None,
+            progress=partial(progress_bar, description="convert", quiet=args.quiet),
+        )
+    except ShardExistsError as error:  # convert always starts again (it has no resume): say so in the command's words
+        raise CommandError(f"{error.path}: {_EXISTING_DATASET}") from None
     seconds = time.perf_counter() - started
     with open_store(args.destination, args) as dataset:
         payload = sum(entry.data_size for entry in dataset.manifest.shards)
         shards = len(dataset.manifest.shards)
         records = len(dataset)
-    skipped = f"; left out {plural(source.skipped, 'sample')} whose {args.field} is null" if source.skipped else ""
+    skipped = f"; left out {plural(conversion.skipped, 'sample')} whose {args.field} is null" if conversion.skipped else ""
     print(f"wrote {plural(records, 'record')} in {plural(shards, 'shard')} ({format_size(payload)}) "
           f"to {args.destination} in {seconds:.2f} s{skipped}")
     return 0

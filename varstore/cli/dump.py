@@ -9,14 +9,14 @@ from typing import Any, Iterator
 
 import numpy as np
 
-import varstore
-
-from ..msgpack_check import MAX_DEPTH
-from ..record_json import to_json
-from .arguments import STORE_HELP, non_negative_int, store_path
-from .errors import CommandError, UsageError
-from .fields import field_value, kind
-from .output import listing, plural, print_json, writing_to_standard_output
+from ..conversion.fields import field_value, kind
+from ..dataset.reader import ShardedReader
+from ..errors import CommandError, UsageError
+from ..format.msgpack_bounds import MAX_DEPTH
+from ..format.notation import to_json
+from ..operations.locations import Store
+from .arguments import STORE_HELP, command_parser, non_negative_int, store_path
+from .output import plural, print_json, writing_to_standard_output
 from .render import hex_view, render_array, render_sample, render_text
 from .stores import REMOTE_EPILOG, add_location_options, open_store
 
@@ -25,22 +25,19 @@ _CHUNK_RECORDS = 256
 _FRAMES_PER_LEVEL = 4
 NAME = "dump"
 
+_DESCRIPTION = """Print records decoded by their codec: arrays with dtype, shape and values, structured samples as
+JSON-like text, text quoted, bytes as a hex and ASCII view. Prints every record unless told which."""
+_EPILOG = ("selection:\n  -i INDEX must name a record: an index past either end is an error. --range, --head and --tail\n"
+           "  clamp to the records there are, like a Python slice: --range 40:50 of 44 records prints 40 to 43.\n\n"
+           "examples:\n  varstore dump docs -i 0 -i -1\n  varstore dump train/ --range -10:\n"
+           "  varstore dump docs --head 5 --json | jq .record\n"
+           "  varstore dump images -i 3 --field image --raw > 3.jpg   (a folder converted with --labels)\n"
+           "  varstore dump samples --head 3 --field meta.caption\n"
+           "  varstore dump s3://bucket/docs --tail 2\n\n" + REMOTE_EPILOG)
+
 
 def add_parser(commands: Any) -> None:
-    parser = commands.add_parser(
-        NAME,
-        help="print records",
-        description="Print records decoded by their codec: arrays with dtype, shape and values, structured samples "
-        "as JSON-like text, text quoted, bytes as a hex and ASCII view. Prints every record unless told which.",
-        epilog="selection:\n  -i INDEX must name a record: an index past either end is an error. --range, --head and --tail\n"
-        "  clamp to the records there are, like a Python slice: --range 40:50 of 44 records prints 40 to 43.\n\n"
-        "examples:\n  varstore dump docs -i 0 -i -1\n  varstore dump train/ --range -10:\n"
-        "  varstore dump docs --head 5 --json | jq .record\n"
-        "  varstore dump images -i 3 --field image --raw > 3.jpg   (a folder converted with --labels)\n"
-        "  varstore dump samples --head 3 --field meta.caption\n"
-        "  varstore dump s3://bucket/docs --tail 2\n\n" + REMOTE_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = command_parser(commands, NAME, run, help="print records", description=_DESCRIPTION, epilog=_EPILOG)
     parser.add_argument("path", type=store_path, help=STORE_HELP)
     which = parser.add_mutually_exclusive_group()
     which.add_argument("-i", "--index", type=int, action="append", metavar="INDEX",
@@ -65,7 +62,6 @@ def add_parser(commands: Any) -> None:
                         help="show at most N bytes of a hex view, characters of text or elements of an array "
                         "(default 256; 0 shows everything)")
     add_location_options(parser)
-    parser.set_defaults(run=run)
 
 
 _RANGE_OPTION = "--range"
@@ -121,9 +117,9 @@ def _chunks(indices: np.ndarray | range) -> Iterator[np.ndarray]:
         yield np.asarray(indices[start : start + _CHUNK_RECORDS], np.int64)
 
 
-def _payload_sizes(store: varstore.Reader | varstore.ShardedReader, indices: np.ndarray) -> list[int]:
+def _payload_sizes(store: Store, indices: np.ndarray) -> list[int]:
     """The payload size in bytes of each record at `indices` (already checked), read from the offsets."""
-    if not isinstance(store, varstore.ShardedReader):  # one shard, local or remote
+    if not isinstance(store, ShardedReader):  # one shard, local or remote
         shards, local, readers = np.zeros(len(indices), np.int64), indices, {0: store}
     else:
         shards = np.searchsorted(store.shard_starts, indices, side="right") - 1
@@ -137,7 +133,7 @@ def _payload_sizes(store: varstore.Reader | varstore.ShardedReader, indices: np.
     return sizes.tolist()
 
 
-def _write_raw(store: varstore.Reader | varstore.ShardedReader, indices: np.ndarray | range) -> None:
+def _write_raw(store: Store, indices: np.ndarray | range) -> None:
     output = sys.stdout.buffer
     for chunk in _chunks(indices):
         output.write(store.get_batch_flat(chunk).values.tobytes())
@@ -155,7 +151,7 @@ def _field_bytes(value: Any, where: str) -> bytes:
     raise CommandError(f"{where}: the field holds {kind(value)}; --raw writes bytes, text or arrays only")
 
 
-def _write_raw_fields(store: varstore.Reader | varstore.ShardedReader, indices: np.ndarray | range, field: str) -> None:
+def _write_raw_fields(store: Store, indices: np.ndarray | range, field: str) -> None:
     output = sys.stdout.buffer
     for chunk in _chunks(indices):
         for index, record in zip(chunk.tolist(), store.get_batch(chunk)):
@@ -214,7 +210,7 @@ def _room_for_the_deepest_records() -> Iterator[None]:
         sys.setrecursionlimit(limit)
 
 
-def _check_field(args: argparse.Namespace, store: varstore.Reader | varstore.ShardedReader) -> None:
+def _check_field(args: argparse.Namespace, store: Store) -> None:
     if args.field is not None and store.codec != "msgpack":
         raise UsageError(f"--field picks a field of structured (msgpack) records; {store.path} holds {store.codec} records")
 

@@ -8,10 +8,8 @@ import sys
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
-import numpy as np
-
-from ..errors import VarstoreError
-from .errors import CommandError
+from ..errors import CommandError, VarstoreError
+from ..progress import Counter
 
 _UNITS = ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 _PROGRESS_DELAY_SECONDS = 0.5
@@ -57,12 +55,6 @@ def plural(count: int, noun: str) -> str:
     return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
 
-def listing(items: Sequence[Any], most: int = 20) -> str:
-    """``a, b, c`` or, past `most` items, ``a, b and 98 more``."""
-    shown = ", ".join(map(str, items[:most]))
-    return shown + (f" and {len(items) - most:,} more" if len(items) > most else "")
-
-
 def format_size(size: float) -> str:
     """`size` bytes in binary units: ``1 byte``, ``512 bytes``, ``1.5 MiB``."""
     unit = 0
@@ -75,27 +67,6 @@ def format_size(size: float) -> str:
 def format_size_exactly(size: int) -> str:
     """``1.5 MiB (1,572,864 bytes)``, or just ``100 bytes``."""
     return format_size(size) if size < 1024 else f"{format_size(size)} ({size:,} bytes)"
-
-
-def describe_codec(codec: str, dtype: np.dtype | None, shape: tuple[int, ...] | None) -> str:
-    """A codec and its parameters as a person reads them: ``ndarray: uint16, records of shape (L, 3)``."""
-    if dtype is None:
-        return codec
-    dimensions = ", ".join(["L", *map(str, shape or ())])
-    return f"{codec}: {dtype.name}, records of shape ({dimensions}{'' if shape else ','})"
-
-
-def length_unit(codec: str, dtype: np.dtype | None, shape: tuple[int, ...] | None) -> tuple[str, int] | None:
-    """(the plural name, bytes) of one row of an ndarray store's records, or None for other codecs.
-
-    A record of shape (L,) is L tokens if its dtype is an integer (a token store), L elements otherwise;
-    a record of shape (L, *shape) is L rows.
-    """
-    if codec != "ndarray" or dtype is None:
-        return None
-    if shape:
-        return "rows", dtype.itemsize * int(np.prod(shape))
-    return ("tokens" if dtype.kind in "iu" else "elements"), dtype.itemsize
 
 
 def print_json(value: Any) -> None:
@@ -118,37 +89,25 @@ def print_table(header: Sequence[str], rows: Sequence[Sequence[str]], *, align: 
         print(indent + "  ".join(cells).rstrip())
 
 
-class Progress:
-    """Called with each amount done: counts it in `done` and moves the progress bar, if one is shown."""
-
-    def __init__(self, bar: Any = None) -> None:
-        self.done = 0
-        self._bar = bar
-
-    def __call__(self, amount: int) -> None:
-        self.done += amount
-        if self._bar is not None:
-            self._bar.update(amount)
-
-
 @contextmanager
-def progress_bar(total: int | None, *, description: str, unit: str = "B", quiet: bool = False) -> Iterator[Progress]:
-    """A `Progress` that drives a tqdm bar on stderr.
+def progress_bar(total: int | None, unit: str = "B", *, description: str, quiet: bool = False) -> Iterator[Counter]:
+    """A `Counter` that drives a tqdm bar on stderr (a `varstore.progress.ProgressBar` once `description` and `quiet`
+    are bound).
 
     The bar stays off with `quiet`, when stderr is not a terminal (logs, pipes),
     and for jobs that end within half a second.
     """
     if quiet or not sys.stderr.isatty():
-        yield Progress()
+        yield Counter()
         return
     try:
         from tqdm import tqdm
     except ImportError:
         print("varstore: progress bars need tqdm: pip install 'varstore[cli]'", file=sys.stderr)
-        yield Progress()
+        yield Counter()
         return
     with tqdm(
         total=total, desc=description, unit=unit, unit_scale=True, unit_divisor=1024 if unit == "B" else 1000,
         file=sys.stderr, delay=_PROGRESS_DELAY_SECONDS, leave=False,
     ) as bar:
-        yield Progress(bar)
+        yield Counter(bar.update)

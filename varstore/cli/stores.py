@@ -12,11 +12,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-import varstore
-
-from ..remote.filesystems import is_url, open_filesystem
+from ..errors import UsageError
+from ..operations.locations import Store, is_url, remote_options
+from ..operations.locations import open_store as open_location
 from .arguments import byte_size, json_object
-from .errors import UsageError
 
 STORAGE_OPTIONS_OPTION = "--storage-options"
 CACHE_OPTIONS = ("--cache-dir", "--cache-limit")
@@ -58,27 +57,14 @@ def check_location_options(args: argparse.Namespace, *locations: str) -> None:
         raise UsageError(f"{' and '.join(given)} {verb} to URLs of object storage; {locations[0]} is a local path")
 
 
-def reader_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The keyword arguments of `varstore.open` for a URL, from the command's options."""
-    return {
-        "storage_options": getattr(args, "storage_options", None),
-        "cache_dir": getattr(args, "cache_dir", None),
-        "cache_limit": getattr(args, "cache_limit", None),
-    }
+def location_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options that reach a URL (`varstore.operations.locations.remote_options`), from the command's options."""
+    return remote_options(getattr(args, "storage_options", None), getattr(args, "cache_dir", None),
+                          getattr(args, "cache_limit", None))
 
 
-def open_store(location: str, args: argparse.Namespace, *, other_locations: tuple[str, ...] = ()) -> Any:
-    """The reader of what `location` names (a shard or a dataset, local or at a URL): `varstore.open`, given the
-    command's location options for a URL. Options given with no URL among `location` and the command's
-    `other_locations` are a usage error."""
-    check_location_options(args, location, *other_locations)
-    if is_url(location):
-        return varstore.open(location, **reader_options(args))
-    return varstore.open(location)
-
-
-def filesystem(url: str, args: argparse.Namespace) -> tuple[Any, str]:
-    """The fsspec filesystem of `url` (with the command's ``--storage-options``) and the path of `url` in it,
-    without a trailing slash."""
-    fs, path = open_filesystem(url.rstrip("/"), getattr(args, "storage_options", None))
-    return fs, path.rstrip("/")
+def open_store(location: str, args: argparse.Namespace) -> Store:
+    """The reader of what `location` names (a shard or a dataset, local or at a URL), given the command's
+    location options for a URL; options given for a local path are a usage error."""
+    check_location_options(args, location)
+    return open_location(location, **location_options(args))

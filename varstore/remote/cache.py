@@ -3,7 +3,7 @@ evicted least-recently-used under a byte limit.
 
 Every process on a node (DataLoader workers, ranks) opens a `NodeCache` on the same directory; they
 coordinate only through files there. A download holds an exclusive flock on the object's lock file
-(`varstore.locking.WriterLock`: the kernel releases it when the holder dies, SIGKILL included), writes
+(`varstore.local.locks.WriterLock`: the kernel releases it when the holder dies, SIGKILL included), writes
 to a temporary name, checks the expected size and CRC32C, fsyncs and renames. So a final name only ever
 holds verified bytes, and a crash leaves at most a temporary file, removed by the next fetch of that
 object or the next eviction once no live downloader holds its lock.
@@ -17,7 +17,8 @@ alone (temporaries of downloads in progress are not counted). A download in prog
 has no final name until it is published. A process that has a file open or
 mapped keeps reading it: the inode lives until its last reference goes. A path `fetch` returned can still
 be evicted before the caller opens it when the limit is smaller than what the node's processes use at
-once: open it at once, and fetch again if it is gone.
+once: open it at once, and fetch again if it is gone; or use `open`, which returns a descriptor opened before
+anything can evict the file (a download's is opened before it is published).
 
 The cache's locks do not record their holder (a `WriterLock` writes its pid): on a full disk that write
 fails, and eviction must still run there to free space.
@@ -30,12 +31,18 @@ is removed by the next eviction or fetch of that object; one at the cache-wide l
 refused with an error naming it.
 
 The cache knows nothing about URLs: a key is any string, and the caller passes the function that
-downloads it.
+downloads it. An object's file name hashes its key, its size, its CRC32C and its `identity`: whatever else the
+caller knows that tells this content from other bytes under the same key (the remote readers pass the
+dataset's version, the shard's manifest entry, the store's ETags and the index header), because a size and
+a CRC32C alone do not (two index files that differ only in their header have the same size and CRC32C: a
+header ends with the CRC32C of its first 60 bytes, and the CRC32C of any message followed by its own
+CRC32C is a constant).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import mmap
 import operator
@@ -46,10 +53,10 @@ import stat
 import time
 from typing import Callable
 
-from ..checksum import crc32c_of_range
 from ..errors import ConcurrentWriterError, StorageError, VarstoreError
-from ..locking import LOCK_SUFFIX, WriterLock, directory_lock_path, lock_waiting
-from ..storage import TEMP_MARK, make_directories, publish, storage_error, temporary_path
+from ..format.checksum import crc32c_of_range
+from ..local.locks import LOCK_SUFFIX, WriterLock, directory_lock_path, lock_waiting
+from ..local.publish import TEMP_MARK, make_directories, publish, storage_error, temporary_path
 
 _DIGEST_HEX_DIGITS = 32
 _READABLE_TAIL_CHARACTERS = 40
@@ -69,13 +76,18 @@ def default_cache_dir() -> str:
     return os.path.join(base, "varstore")
 
 
-def object_name(key: str, size: int, crc32c: int) -> str:
-    """The file name of object `key` of `size` bytes with CRC32C `crc32c`: a hash of all three, so that no
-    key names a path outside the cache and an object replaced under the same key (a rewritten dataset) is a
-    new file, never the old one; then the key's last component reduced to letters, digits, '_' and '-' for
-    people reading the directory."""
-    identity = f"{key}\0{size}\0{crc32c}".encode("utf-8", "surrogatepass")
-    digest = hashlib.sha256(identity).hexdigest()[:_DIGEST_HEX_DIGITS]
+class DamagedDownloadError(StorageError):
+    """A download that arrived, but not as the bytes expected (another size, another CRC32C): perhaps damaged on
+    the way, so worth fetching again; nothing was cached."""
+
+
+def object_name(key: str, size: int, crc32c: int, identity: str = "") -> str:
+    """The file name of object `key` of `size` bytes with CRC32C `crc32c` and `identity` (see the module's
+    docstring): a hash of all four, so that no key names a path outside the cache and an object replaced under
+    the same key (a rewritten dataset) is a new file, never the old one; then the key's last component reduced
+    to letters, digits, '_' and '-' for people reading the directory."""
+    named = f"{key}\0{size}\0{crc32c}" + (f"\0{identity}" if identity else "")
+    digest = hashlib.sha256(named.encode("utf-8", "surrogatepass")).hexdigest()[:_DIGEST_HEX_DIGITS]
     tail = re.sub(r"[^A-Za-z0-9_-]", "_", key.rstrip("/").rsplit("/", 1)[-1])[-_READABLE_TAIL_CHARACTERS:]
     return f"{digest}-{tail}" if tail else digest
 
@@ -94,41 +106,67 @@ class NodeCache:
         self.limit_bytes = limit_bytes
         _make_private_directory(self.directory)
 
-    def fetch(self, key: str, size: int, crc32c: int, download: Callable[[str], None]) -> str:
-        """The local path of object `key`, which must be `size` bytes with CRC32C `crc32c`.
+    def fetch(self, key: str, size: int, crc32c: int, download: Callable[[str], None], *, identity: str = "") -> str:
+        """The local path of object `key`, which must be `size` bytes with CRC32C `crc32c`; `identity` is what
+        else tells its content apart (the module's docstring): objects differing in any of the four are
+        different files.
 
         If no process on this node has it yet, `download(temporary_path)` writes it (once per node: others
-        fetching it meanwhile wait, then use it). A download that is not `size` bytes with that CRC32C, or
-        that fails with an `OSError` (a full disk), raises `StorageError` naming the key and caches nothing.
-        A cached file is trusted if its size is right: its CRC was checked when it arrived, and readers
-        check their records' own checksums.
+        fetching it meanwhile wait, then use it). A download that is not exactly `size` bytes (shorter or
+        longer) with that CRC32C raises `DamagedDownloadError`, one that fails with an `OSError` (a full disk)
+        `StorageError`, each naming the key; neither caches anything. A cached file is trusted if its size is
+        right: its CRC was checked when it arrived, and readers check their records' own checksums.
         """
-        size, crc32c = _checked_expectations(key, size, crc32c)
-        final = os.path.join(self.directory, object_name(key, size, crc32c))
+        size, crc32c = _checked_expectations(key, size, crc32c, identity)
+        final = os.path.join(self.directory, object_name(key, size, crc32c, identity))
         if _use_if_cached(final, size):
             return final
         with self._lock_object(final, key):
             if _use_if_cached(final, size):
                 return final  # another process downloaded it while this one waited
-            for stale in [final, *self._temporaries_of(final)]:  # a wrong-sized file, dead downloads
-                _remove_entry(stale)
-            if self.limit_bytes is not None:
-                self.evict(size)
-            temporary = temporary_path(final)
-            try:
-                _download(download, temporary, key)
-                _verify_and_sync(temporary, key, size, crc32c)
-                self._publish(temporary, final, size)
-            except BaseException:
-                _remove_entry(temporary)
-                raise
+            os.close(self._download_and_publish(final, key, size, crc32c, download))
         return final
 
-    def cached(self, key: str, size: int, crc32c: int) -> str | None:
-        """The local path of object `key` if this node has it already (marked used now), else None; never
-        downloads. Open it at once: it may be evicted later, never while open."""
-        size, crc32c = _checked_expectations(key, size, crc32c)
-        final = os.path.join(self.directory, object_name(key, size, crc32c))
+    def open(self, key: str, size: int, crc32c: int, download: Callable[[str], None], *, identity: str = "") -> int:
+        """A read-only descriptor of object `key`'s file, as `fetch` would give its path, but opened before any
+        eviction can unlink it (a download's before it is published): the caller reads it however small the
+        limit and however many processes share the cache. The caller closes it."""
+        size, crc32c = _checked_expectations(key, size, crc32c, identity)
+        final = os.path.join(self.directory, object_name(key, size, crc32c, identity))
+        fd = _open_if_cached(final, size)
+        if fd is not None:
+            return fd
+        with self._lock_object(final, key):
+            fd = _open_if_cached(final, size)
+            if fd is not None:
+                return fd  # another process downloaded it while this one waited
+            return self._download_and_publish(final, key, size, crc32c, download)
+
+    def _download_and_publish(self, final: str, key: str, size: int, crc32c: int, download: Callable[[str], None]) -> int:
+        """With the object's lock held: download it, verify it, publish it; a descriptor of it, opened before it
+        was published."""
+        for stale in [final, *self._temporaries_of(final)]:  # a wrong-sized file, dead downloads
+            _remove_entry(stale)
+        if self.limit_bytes is not None:
+            self.evict(size)
+        temporary = temporary_path(final)
+        fd = -1
+        try:
+            _download(download, temporary, key)
+            fd = _verify_and_sync(temporary, key, size, crc32c)
+            self._publish(temporary, final, size)
+        except BaseException:
+            if fd >= 0:
+                os.close(fd)
+            _remove_entry(temporary)
+            raise
+        return fd
+
+    def cached(self, key: str, size: int, crc32c: int, *, identity: str = "") -> str | None:
+        """The local path of object `key` (as `fetch` names it) if this node has it already (marked used now),
+        else None; never downloads. Open it at once: it may be evicted later, never while open."""
+        size, crc32c = _checked_expectations(key, size, crc32c, identity)
+        final = os.path.join(self.directory, object_name(key, size, crc32c, identity))
         return final if _use_if_cached(final, size) else None
 
     def evict(self, needed_bytes: int = 0) -> list[str]:
@@ -248,10 +286,13 @@ class NodeCache:
             raise storage_error(error, "listing the cache") from None
 
 
-def _checked_expectations(key: str, size: int, crc32c: int) -> tuple[int, int]:
-    """`size` and `crc32c` as ints, or `VarstoreError` naming `key` unless they are a byte count and a CRC32C."""
+def _checked_expectations(key: str, size: int, crc32c: int, identity: str = "") -> tuple[int, int]:
+    """`size` and `crc32c` as ints, or `VarstoreError` naming `key` unless they are a byte count and a CRC32C
+    (and the key and identity strings)."""
     if not isinstance(key, str):
         raise VarstoreError(f"a cache key is a string, not {type(key).__name__}")
+    if not isinstance(identity, str):
+        raise VarstoreError(f"a cache identity is a string, not {type(identity).__name__}", path=key)
     checked_size, checked_crc = _integer_or_none(size), _integer_or_none(crc32c)
     if checked_size is None or checked_size < 0:
         raise VarstoreError(f"the expected size must be an int of at least 0 bytes, not {size!r}", path=key)
@@ -282,6 +323,23 @@ def _use_if_cached(final: str, size: int) -> bool:
     if status.st_uid != os.geteuid():
         raise _shared_cache_error(final)
     return stat.S_ISREG(status.st_mode) and status.st_size == size and _mark_used(final)
+
+
+def _open_if_cached(final: str, size: int) -> int | None:
+    """A read-only descriptor of `final` if it is a cached object of `size` bytes (marked used now), else None."""
+    if not _use_if_cached(final, size):
+        return None
+    try:
+        fd = os.open(final, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except (FileNotFoundError, OSError) as error:
+        if isinstance(error, FileNotFoundError) or error.errno == errno.ELOOP:
+            return None  # evicted (or replaced by a link) since it was looked up: download it
+        raise storage_error(error, "opening a cached object") from None
+    status = os.fstat(fd)
+    if stat.S_ISREG(status.st_mode) and status.st_size == size:
+        return fd
+    os.close(fd)
+    return None
 
 
 def _shared_cache_error(path: str) -> StorageError:
@@ -342,9 +400,10 @@ def _mark_used(path: str) -> bool:
     return True
 
 
-def _verify_and_sync(temporary: str, key: str, size: int, crc32c: int) -> None:
-    """Raise `StorageError` naming `key` unless the download at `temporary` is `size` bytes with CRC32C
-    `crc32c`; then fsync it, so that its final name never holds anything but these bytes."""
+def _verify_and_sync(temporary: str, key: str, size: int, crc32c: int) -> int:
+    """Raise `DamagedDownloadError` naming `key` unless the download at `temporary` is exactly `size` bytes with
+    CRC32C `crc32c`; then fsync it, so that its final name never holds anything but these bytes. Returns the
+    descriptor (read-only) it checked, for the caller to close."""
     try:
         fd = os.open(temporary, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -357,23 +416,26 @@ def _verify_and_sync(temporary: str, key: str, size: int, crc32c: int) -> None:
             raise StorageError(f"the download of {key} left something that is not a regular file; nothing was cached",
                                path=temporary)
         actual_size = status.st_size
-        if actual_size != size:
-            raise StorageError(
+        if actual_size != size:  # longer as well as shorter: the right bytes followed by junk are not the object
+            raise DamagedDownloadError(
                 f"downloaded {actual_size} bytes; expected {size} bytes with CRC32C {crc32c:#010x}; nothing was cached",
                 path=key,
             )
         actual_crc = _crc32c_of_file(fd, size)
         if actual_crc != crc32c:
-            raise StorageError(
+            raise DamagedDownloadError(
                 f"downloaded {size} bytes with CRC32C {actual_crc:#010x}; expected CRC32C {crc32c:#010x}; "
                 "nothing was cached",
                 path=key,
             )
         os.fsync(fd)
     except OSError as error:
-        raise storage_error(error, f"verifying the download of {key}") from None
-    finally:
         os.close(fd)
+        raise storage_error(error, f"verifying the download of {key}") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _crc32c_of_file(fd: int, size: int) -> int:

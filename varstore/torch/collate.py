@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import default_collate
 
 from ..errors import RecordTypeError, VarstoreError
-from ..reader import FlatBatch
+from ..shard.reader import FlatBatch
 
 # Tensors whose dtype numpy lacks (bfloat16, float8...) are collated as integers of the same width.
 _SAME_WIDTH_INTEGER = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

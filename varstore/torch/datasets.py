@@ -10,9 +10,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from ..dataset.reader import ShardedReader
 from ..errors import CorruptRecordError, VarstoreError
-from ..reader import FlatBatch, check_indices
-from ..sharded_reader import ShardedReader
+from ..shard.reader import FlatBatch, check_indices
 from .collate import JaggedBatch, naming_records, stored_tensor, stored_tensor_batch, stored_tensors, writable_tensor
 from .reading import AnyReader, ProcessLocalReader
 from .skipped import SkippedRecords

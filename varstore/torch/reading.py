@@ -19,15 +19,15 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .. import open as open_varstore
+from ..dataset.opening import open as open_varstore
+from ..dataset.reader import ShardedReader
 from ..errors import MissingFileError
-from ..format import DATA_SUFFIX, INDEX_SUFFIX
-from ..manifest import MANIFEST_NAME
-from ..reader import Reader
-from ..reader_base import require_version
+from ..format.header import DATA_SUFFIX, INDEX_SUFFIX
+from ..format.manifest import MANIFEST_NAME
 from ..remote.filesystems import is_url
-from ..remote_shard import RemoteShard
-from ..sharded_reader import ShardedReader
+from ..shard.reader import Reader
+from ..shard.reader_base import require_version
+from ..shard.remote_shard import RemoteShard
 
 AnyReader = Reader | ShardedReader | RemoteShard
 

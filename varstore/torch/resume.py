@@ -35,3 +35,17 @@ def check_resume_state(state: Any, settings: dict[str, Any], total: int) -> tupl
     if not 0 <= consumed <= total:
         raise VarstoreError(f"saved samples_consumed is {consumed}; it must be in [0, {total}]")
     return epoch, consumed
+
+
+class EpochPosition:
+    """The epoch whose order a sampler or stream follows, and `_start`, the position in it a resume starts from."""
+
+    epoch: int
+    _start: int
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch's order; a resume position loaded for another epoch is dropped."""
+        epoch = as_int(epoch, "epoch")
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self._start = 0

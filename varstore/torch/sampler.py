@@ -10,13 +10,13 @@ from torch.utils.data import Sampler
 from ..errors import VarstoreError
 from .distributed import rank_and_world_size
 from .permutation import Permutation, derive_key
-from .resume import as_int, check_resume_state
+from .resume import EpochPosition, as_int, check_resume_state
 
 _CHUNK = 8192
 _SAMPLER_PURPOSE = 1
 
 
-class ExactlyOnceSampler(Sampler[int]):
+class ExactlyOnceSampler(EpochPosition, Sampler[int]):
     """Each epoch, a permutation of ``range(size)`` fixed by (seed, epoch), dealt to ranks so every index is seen once.
 
     Rank r takes positions r, r + world_size, r + 2 world_size, ... of the epoch
@@ -46,13 +46,6 @@ class ExactlyOnceSampler(Sampler[int]):
         self.rank, self.world_size = rank_and_world_size(rank, world_size)
         self.epoch = 0
         self._start = 0  # positions of the epoch order consumed before a resume, across all ranks
-
-    def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch's order; a resume position loaded for another epoch is dropped."""
-        epoch = as_int(epoch, "epoch")
-        if epoch != self.epoch:
-            self.epoch = epoch
-            self._start = 0
 
     def _positions(self) -> range:
         return range(self._start + self.rank, self.size, self.world_size)

@@ -36,15 +36,15 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
 
+from ..dataset.reader import ShardedReader
 from ..errors import CorruptRecordError, DatasetReplacedError, StorageError, VarstoreError
-from ..reader import FlatBatch
-from ..sharded_reader import ShardedReader
+from ..shard.reader import FlatBatch
 from .datasets import DamagedPolicy, Output, RecordDataset
 from .distributed import rank_and_world_size
 from .permutation import Permutation, derive_key
 from .prefetch import Prefetcher, ShardPrefetcher, ShardSchedule
 from .reading import AnyReader
-from .resume import as_int, check_resume_state
+from .resume import EpochPosition, as_int, check_resume_state
 
 _BLOCKS_PURPOSE = 2
 _WINDOW_PURPOSE = 3
@@ -220,7 +220,7 @@ def stacked(batch: list[Any]) -> Any:
         ) from None
 
 
-class RecordStream(IterableDataset):
+class RecordStream(EpochPosition, IterableDataset):
     """Batches of records in a block-shuffled order, each record once per epoch across ranks and workers.
 
     Use with ``DataLoader(stream, batch_size=None, num_workers=...)``: the stream
@@ -317,13 +317,6 @@ class RecordStream(IterableDataset):
     @property
     def _largest_rank_record_count(self) -> int:
         return -(-self.record_count // self.world_size)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch's order; a resume position loaded for another epoch is dropped."""
-        epoch = as_int(epoch, "epoch")
-        if epoch != self.epoch:
-            self.epoch = epoch
-            self._start = 0
 
     def __len__(self) -> int:
         """Batches this rank yields this epoch (after a resume: those left)."""

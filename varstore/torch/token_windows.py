@@ -22,10 +22,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from ..dataset.reader import ShardedReader
 from ..errors import CorruptRecordError, RecordIndexError, RecordTypeError, VarstoreError
-from ..reader import Reader
-from ..remote_shard import RemoteShard
-from ..sharded_reader import ShardedReader
+from ..shard.reader import Reader
+from ..shard.remote_shard import RemoteShard
 from .collate import stored_tensor, tensor_dtype
 from .datasets import OUTPUTS, Output, check_choice, check_keep_dtype
 from .reading import AnyReader, ProcessLocalReader

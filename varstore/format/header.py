@@ -1,0 +1,194 @@
+"""The header of a shard's index file (§1.2), the layout of its sections (§1.1) and the shard's file names (§1.5).
+
+A shard is two files. ``NAME.data`` holds the record payloads back to back and
+nothing else. ``NAME.index`` describes them::
+
+    [0, 64)                   header (fields below, little-endian)
+    [64, 64 + M)              metadata: a UTF-8 JSON object, M = metadata_size bytes
+    zero bytes up to the next multiple of 8: offsets_start
+    [offsets_start, +8(N+1))  N + 1 uint64 offsets; record i is data[offsets[i]:offsets[i+1]]
+    [.., +4N)                 N uint32 CRC32C record checksums, present when flag bit 0 is set
+
+Header fields, in order: magic (8 bytes), major version (u16), minor version
+(u16), codec (u8), reserved (u8, zero), flags (u16), record count N (u64), data
+size (u64), metadata size M (u64), CRC32C of the whole data file (u32), CRC32C of
+its first and last 4096 bytes (u32), CRC32C of index bytes [64, end) (u32), 8
+reserved zero bytes, CRC32C of header bytes [0, 60) (u32).
+
+``spec/FORMAT.md`` is the normative text; this package is its executable form.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from ..errors import FormatError
+from .checksum import Buffer, crc32c, crc32c_combine
+from .metadata import MAX_METADATA_SIZE
+
+MAGIC = b"\x89VSI\r\n\x1a\n"
+
+
+MAJOR_VERSION = 1
+
+
+MINOR_VERSION = 1
+
+
+HEADER_SIZE = 64
+
+
+OFFSET_SIZE = 8
+
+
+CHECKSUM_SIZE = 4
+
+
+FLAG_RECORD_CHECKSUMS = 1
+
+
+KNOWN_FLAGS = FLAG_RECORD_CHECKSUMS
+
+
+MAX_DATA_SIZE = (1 << 63) - 1
+
+
+EDGE_SIZE = 4096
+
+
+DATA_SUFFIX = ".data"
+
+
+INDEX_SUFFIX = ".index"
+
+
+def shard_paths(prefix: str) -> tuple[str, str]:
+    """The (data, index) file paths of the shard named `prefix`."""
+    return prefix + DATA_SUFFIX, prefix + INDEX_SUFFIX
+
+
+_HEADER = struct.Struct("<8sHHBBHQQQIII8sI")
+
+
+assert _HEADER.size == HEADER_SIZE
+
+
+@dataclass(frozen=True)
+class Header:
+    """The fixed-size fields at the start of an index file."""
+
+    codec_id: int
+    flags: int
+    record_count: int
+    data_size: int
+    metadata_size: int
+    data_crc32c: int
+    data_edge_crc32c: int
+    body_crc32c: int
+    minor_version: int = MINOR_VERSION
+
+    @property
+    def has_record_checksums(self) -> bool:
+        return bool(self.flags & FLAG_RECORD_CHECKSUMS)
+
+    @property
+    def offsets_start(self) -> int:
+        return align8(HEADER_SIZE + self.metadata_size)
+
+    @property
+    def checksums_start(self) -> int:
+        return self.offsets_start + OFFSET_SIZE * (self.record_count + 1)
+
+    @property
+    def index_size(self) -> int:
+        """The exact size the index file must have."""
+        return self.checksums_start + (CHECKSUM_SIZE * self.record_count if self.has_record_checksums else 0)
+
+    def pack(self) -> bytes:
+        without_crc = _HEADER.pack(
+            MAGIC,
+            MAJOR_VERSION,
+            self.minor_version,
+            self.codec_id,
+            0,
+            self.flags,
+            self.record_count,
+            self.data_size,
+            self.metadata_size,
+            self.data_crc32c,
+            self.data_edge_crc32c,
+            self.body_crc32c,
+            bytes(8),
+            0,
+        )
+        return without_crc[:60] + struct.pack("<I", crc32c(without_crc[:60]))
+
+
+def align8(position: int) -> int:
+    return (position + 7) & ~7
+
+
+def unpack_header(raw: bytes, *, index_size: int, path: str) -> Header:
+    """Parse and validate a header against the size of the index file it came from.
+
+    Every check a reader must make before trusting any other byte of the file
+    is here, in the order the spec lists them.
+    """
+    if len(raw) < HEADER_SIZE:
+        raise FormatError(f"index file is {len(raw)} bytes, shorter than the {HEADER_SIZE}-byte header", path=path)
+    (magic, major, minor, codec_id, reserved_byte, flags, record_count, data_size, metadata_size,
+     data_crc, edge_crc, body_crc, reserved, header_crc) = _HEADER.unpack_from(raw)
+    if magic != MAGIC:
+        raise FormatError(f"not a varstore index: magic is {magic!r}, expected {MAGIC!r}", path=path)
+    if major != MAJOR_VERSION:
+        raise FormatError(f"format version {major}.{minor} is not supported; this reader reads {MAJOR_VERSION}.x", path=path)
+    actual_crc = crc32c(raw[:60])
+    if header_crc != actual_crc:
+        raise FormatError(f"header checksum is {header_crc:#010x}, computed {actual_crc:#010x}: the header is damaged", path=path)
+    if reserved_byte != 0 or reserved != bytes(8):
+        raise FormatError("reserved header bytes are not zero", path=path)
+    if flags & ~KNOWN_FLAGS:
+        raise FormatError(f"unknown flags {flags:#06x}; this reader knows {KNOWN_FLAGS:#06x}", path=path)
+    if metadata_size > MAX_METADATA_SIZE:
+        raise FormatError(f"metadata size {metadata_size} exceeds the limit of {MAX_METADATA_SIZE} bytes", path=path)
+    if data_size > MAX_DATA_SIZE:
+        raise FormatError(f"data size {data_size} exceeds the limit of {MAX_DATA_SIZE} bytes", path=path)
+    offsets_start = align8(HEADER_SIZE + metadata_size)
+    if index_size < offsets_start + OFFSET_SIZE:
+        raise FormatError(
+            f"index file is {index_size} bytes, smaller than offsets_start + 8 = {offsets_start + OFFSET_SIZE} "
+            f"(the header, {metadata_size} bytes of metadata, padding and one offset)",
+            path=path,
+        )
+    per_record = OFFSET_SIZE + (CHECKSUM_SIZE if flags & FLAG_RECORD_CHECKSUMS else 0)
+    if record_count > (index_size - offsets_start - OFFSET_SIZE) // per_record:
+        raise FormatError(
+            f"header claims {record_count} records but the {index_size}-byte index file cannot hold them", path=path
+        )
+    header = Header(codec_id, flags, record_count, data_size, metadata_size, data_crc, edge_crc, body_crc, minor)
+    if header.index_size != index_size:
+        raise FormatError(
+            f"index file is {index_size} bytes, expected {header.index_size} for {record_count} records", path=path
+        )
+    return header
+
+
+def index_crc32c(header: Header) -> int:
+    """CRC32C of a whole index file, from its header alone: the header's own CRC combined with the body CRC it
+    records (§3.1), so a manifest's ``index_crc32c`` is checked without reading the index."""
+    return crc32c_combine(crc32c(header.pack()), header.body_crc32c, header.index_size - HEADER_SIZE)
+
+
+def edge_crc32c(head: Buffer, tail: Buffer) -> int:
+    """CRC32C of the data file's first min(EDGE_SIZE, size) bytes followed by its last min(EDGE_SIZE, size) bytes.
+
+    Cheap enough to check at open, it catches a data file paired with the wrong index.
+    """
+    return crc32c(tail, crc32c(head))
+
+
+def edge_ranges(size: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The (offset, length) of the two byte ranges of a `size`-byte data file that `edge_crc32c` covers."""
+    length = min(EDGE_SIZE, size)
+    return (0, length), (size - length, length)

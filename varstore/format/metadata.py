@@ -1,0 +1,215 @@
+"""A shard's metadata block and the strict, canonical JSON it is written in (§1.4).
+
+Metadata is one UTF-8 JSON object, ``{"codec": {...}, "user": {...}}``, at most `MAX_METADATA_SIZE` bytes and
+`MAX_METADATA_DEPTH` arrays and objects deep. Writers spell it as canonical JSON, so equal inputs give equal
+bytes; readers refuse anything RFC 8259 or §1.4 forbids (duplicate names, NaN, out-of-range integers, lone
+surrogates, a byte order mark) before trusting it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+import numpy as np
+
+from ..errors import FormatError
+
+MAX_METADATA_SIZE = 16 << 20
+
+
+MAX_METADATA_DEPTH = 64  # arrays and objects, the outer object included
+
+
+MIN_JSON_INT, MAX_JSON_INT = -(1 << 63), 1 << 64  # JSON integers (no fraction, no exponent) lie in [MIN, MAX)
+
+
+def dump_strict_json(value: Any, *, what: str, **options: Any) -> bytes:
+    """`value` as UTF-8 JSON that `parse_strict_json` accepts back: str member names, integers in
+    [-2**63, 2**64), finite floats, Unicode text, at most MAX_METADATA_DEPTH arrays and objects deep
+    (`options` go to json.dumps: key order, spacing)."""
+    _check_json_value(value, what)
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, **options)
+    except (TypeError, ValueError) as error:
+        raise FormatError(f"{what} must be JSON-serialisable: {error}") from None
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise FormatError(
+            f"{what} holds text that is not valid Unicode (a lone surrogate {text[error.start]!r}), which UTF-8 cannot encode"
+        ) from None
+
+
+def _check_json_value(value: Any, what: str) -> None:
+    """Refuse what JSON would change or a reader would refuse: member names that are not str (json.dumps
+    turns ``{10: 1, 9: 2}`` into ``{"9":2,"10":1}``, out of code-point order), integers outside [-2**63, 2**64),
+    nesting deeper than MAX_METADATA_DEPTH. Iterative and depth-bounded, so neither deep nor cyclic input recurses."""
+    pending = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, (dict, list, tuple)):
+            if depth > MAX_METADATA_DEPTH:
+                raise FormatError(f"{what} nests deeper than the limit of {MAX_METADATA_DEPTH} arrays and objects")
+            if isinstance(item, dict):
+                for name in item:
+                    if not isinstance(name, str):
+                        raise FormatError(f"{what} has the member name {name!r}: JSON object keys must be strings")
+                item = item.values()
+            pending.extend((member, depth + 1) for member in item)
+        elif isinstance(item, int) and not isinstance(item, bool) and not MIN_JSON_INT <= item < MAX_JSON_INT:
+            raise FormatError(f"{what} holds the integer {_short_int(item)}, outside [-2**63, 2**64)")
+
+
+def _short_int(value: int) -> str:
+    """`value` in decimal, or its size when the decimal would be long (str() refuses over 4300 digits)."""
+    return str(value) if value.bit_length() <= 256 else f"of {value.bit_length()} bits"
+
+
+def canonical_json(value: Any, *, what: str) -> bytes:
+    """`value` as the canonical JSON bytes of §1.4, the one spelling every writer of the format produces:
+    members sorted by the code points of their names, no white space, raw UTF-8 but for the escapes of
+    `"`, `\\` and U+0000-U+001F, numbers spelled as Python's repr spells them (shortest round trip)."""
+    return dump_strict_json(value, what=what, sort_keys=True, separators=(",", ":"))
+
+
+def encode_metadata(codec_params: dict[str, Any], user: dict[str, Any]) -> bytes:
+    """The metadata block: canonical JSON, so equal inputs give equal bytes; refuses what a reader would refuse."""
+    raw = canonical_json({"codec": codec_params, "user": user}, what="metadata")
+    if len(raw) > MAX_METADATA_SIZE:
+        raise FormatError(f"metadata is {len(raw)} bytes, over the limit of {MAX_METADATA_SIZE}")
+    return raw
+
+
+def decode_metadata(raw: bytes, *, path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Parse a metadata block into (codec parameters, user metadata), refusing anything RFC 8259 or §1.4 forbids."""
+    value = parse_strict_json(raw, MAX_METADATA_DEPTH, what="metadata", path=path)
+    if not isinstance(value, dict):
+        raise FormatError(f"metadata must be a JSON object, found {type(value).__name__}", path=path)
+    codec_params, user = value.get("codec"), value.get("user")
+    if not isinstance(codec_params, dict) or not isinstance(user, dict):
+        raise FormatError('metadata must hold the objects "codec" and "user"', path=path)
+    return codec_params, user
+
+
+def parse_strict_json(raw: bytes, max_depth: int, *, what: str, path: str) -> Any:
+    """`raw` parsed as strict UTF-8 JSON: no BOM, NaN or Infinity, float overflowing float64, integer outside
+    [-2**63, 2**64), duplicate member name, lone surrogate escape, or nesting deeper than `max_depth` (checked
+    before parsing, so deep input never recurses)."""
+    try:
+        if raw.startswith(b"\xef\xbb\xbf"):
+            raise ValueError("it starts with a byte order mark")
+        text = raw.decode("utf-8")
+        depth = json_depth(raw)
+        if depth > max_depth:
+            raise ValueError(f"arrays and objects nest {depth} deep, over the limit of {max_depth}")
+        value = json.loads(
+            text,
+            parse_constant=_refuse_constant,
+            parse_float=_finite_float,
+            parse_int=_bounded_int,
+            object_pairs_hook=_object_without_duplicates,
+        )
+        if _MAYBE_SURROGATE_ESCAPE.search(text) and _holds_surrogate(value):
+            raise ValueError("a string holds a lone surrogate escape (\\ud800-\\udfff), which is not Unicode text")
+    except (UnicodeDecodeError, ValueError) as error:
+        raise FormatError(f"{what} is not valid UTF-8 JSON: {error}", path=path) from None
+    return value
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        seen: set[str] = set()
+        for name, _ in pairs:
+            if name in seen:
+                raise ValueError(f"member name {name!r} appears twice in one object")
+            seen.add(name)
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    # Twenty characters hold every integer in range ("-9223372036854775808"); a longer one is out of range
+    # without converting it (int() of a long digit string is slow, and refused past 4300 digits).
+    value = int(text) if len(text) <= 20 else None
+    if value is None or not MIN_JSON_INT <= value < MAX_JSON_INT:
+        shown = text if len(text) <= 40 else f"{text[:40]}... ({len(text)} characters)"
+        raise ValueError(f"integer {shown} is outside [-2**63, 2**64)")
+    return value
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"number {text[:40]} overflows to infinity")
+    return value
+
+
+# A \u escape of a surrogate; paired ones are legal, so a hit only triggers the exact check of `_holds_surrogate`.
+_MAYBE_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _holds_surrogate(value: Any) -> bool:
+    """Whether any string (member name or value) in a parsed JSON value holds a surrogate code point."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return True
+        elif isinstance(item, dict):
+            pending.extend(item)
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return False
+
+
+_BRACKET_STEPS = np.zeros(256, np.int8)
+
+
+_BRACKET_STEPS[[ord("["), ord("{")]] = 1
+
+
+_BRACKET_STEPS[[ord("]"), ord("}")]] = -1
+
+
+_BACKSLASH, _QUOTE = ord("\\"), ord('"')
+
+
+_DEPTH_CHUNK = 1 << 16
+
+
+def json_depth(raw: bytes) -> int:
+    """How deep arrays and objects nest in the JSON text `raw`, counted without parsing or recursing.
+
+    Brackets count outside strings only; a quote ends a string unless an odd run of
+    backslashes precedes it. Vectorised over bounded chunks, so it allocates at most a
+    few bytes per byte of one chunk. On malformed text the count may be off after the
+    first error, but a parser stops there, so it never nests deeper than this count.
+    """
+    data = np.frombuffer(raw, np.uint8)
+    depth = deepest = 0
+    quotes_so_far = 0  # unescaped quotes before the chunk: odd means the chunk starts inside a string
+    last_plain = -1  # position of the last byte before the chunk that is not a backslash
+    for start in range(0, len(data), _DEPTH_CHUNK):
+        chunk = data[start : start + _DEPTH_CHUNK]
+        positions = np.arange(start, start + len(chunk), dtype=np.int32)
+        plain = np.maximum.accumulate(np.where(chunk == _BACKSLASH, np.int32(last_plain), positions))
+        plain_before = np.concatenate(([last_plain], plain[:-1])).astype(np.int32)
+        escaped = (positions - 1 - plain_before) & 1 == 1  # an odd run of backslashes right before
+        quotes = np.cumsum((chunk == _QUOTE) & ~escaped, dtype=np.int32) + quotes_so_far
+        steps = np.where(quotes & 1, np.int8(0), _BRACKET_STEPS[chunk])
+        running = np.cumsum(steps, dtype=np.int32) + depth
+        deepest = max(deepest, int(running.max()))
+        depth, quotes_so_far, last_plain = int(running[-1]), int(quotes[-1]), int(plain[-1])
+    return deepest

@@ -1,0 +1,391 @@
+"""`ShardIndex`: one shard's index file, checked, and every rule a read checks of a record's offsets and bytes.
+
+Split from `Reader` so that any way of reaching a shard's data (a memory map of
+the local data file, or ranged reads of a remote one) checks it against the same
+index with the same rules and errors. The index opens from a file descriptor with
+``pread`` (§1.3's checks) and is then mapped, and a cold index of up to `PREFETCH_LIMIT`
+bytes is read into the page cache in the background; the data is never read here
+except the bytes a caller hands in.
+"""
+
+from __future__ import annotations
+
+import codecs
+import functools
+import mmap
+import os
+import struct
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..errors import CorruptRecordError, FormatError
+from ..format import header as fmt
+from ..format.checksum import crc32c, crc32c_of_range, crc32c_of_ranges
+from ..format.codecs import Codec, check_bool_bytes, codec_from_stored
+from ..format.header import Header
+from ..format.metadata import decode_metadata
+from ..local.mapping import looks_cached, map_file, pread_exactly, prefetch_index
+
+_OFFSET = struct.Struct("<Q")
+
+
+_MAX_LISTED_RECORDS = 20
+
+
+_UTF8_PIECE = 8 << 20
+
+
+ITERATION_CHUNK = 4096  # records per chunk of a scan (verify here, iteration in `Reader`)
+
+
+DECODE_ERRORS = (ValueError, TypeError, UnicodeDecodeError)  # what a codec's decode raises on bad bytes
+
+
+# A rule of `ShardIndex.record_rules`: (what one and many failing records do, for an error message;
+# a function of (chunk_start, offsets) listing the failing records of one chunk).
+RecordRule = tuple[tuple[str, str], Callable[[int, np.ndarray], list[int]]]
+
+
+def _is_utf8(data: Any, start: int, end: int) -> bool:
+    """Whether `data[start:end]` is valid UTF-8, decoded in bounded pieces so a large range is never copied whole."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    with memoryview(data) as view:
+        try:
+            for piece in range(start, end, _UTF8_PIECE):
+                decoder.decode(view[piece : min(piece + _UTF8_PIECE, end)], final=piece + _UTF8_PIECE >= end)
+        except UnicodeDecodeError:
+            return False
+    return True
+
+
+def _non_utf8_positions(buffer: Any, offsets: np.ndarray) -> list[int]:
+    """Positions k of the records ``buffer[offsets[k]:offsets[k + 1]]`` that are not valid UTF-8.
+
+    Vectorised: when the bytes from offsets[0] to offsets[-1] decode as a whole and no
+    record starts on a UTF-8 continuation byte, every record is whole characters, so
+    each decodes. Only a range failing that test is decoded record by record.
+    """
+    start, end = int(offsets[0]), int(offsets[-1])
+    if start == end:
+        return []
+    starts = offsets[offsets < end]
+    if not (np.frombuffer(buffer, np.uint8)[starts] & 0xC0 == 0x80).any() and _is_utf8(buffer, start, end):
+        return []
+    bounds = offsets.tolist()
+    return [position for position, (first, last) in enumerate(zip(bounds, bounds[1:])) if not _is_utf8(buffer, first, last)]
+
+
+def _describe(indices: list[int]) -> str:
+    shown = ", ".join(map(str, indices[:_MAX_LISTED_RECORDS]))
+    return shown + (f" and {len(indices) - _MAX_LISTED_RECORDS} more" if len(indices) > _MAX_LISTED_RECORDS else "")
+
+
+class ShardIndex:
+    """A shard's checked header, codec, offsets and record checksums, viewed in a map of its index file.
+
+    Built by `open`, which checks the shard as §1.3 says before anything is mapped.
+    Its methods check records' offsets (and, given the data bytes, their rows, |b1
+    bytes, decoding and checksums) and raise the errors a read raises.
+    """
+
+    def __init__(
+        self, index_map: mmap.mmap | bytes, header: Header, codec: Codec, data_size: int, *, index_path: str, data_path: str
+    ) -> None:
+        self.map = index_map
+        self.header = header
+        self.codec = codec
+        self.data_size = data_size
+        self.index_path = index_path
+        self.data_path = data_path
+        self.count = header.record_count
+        self.dtype: np.dtype | None = getattr(codec, "dtype", None)
+        self.offsets: np.ndarray = np.frombuffer(index_map, "<u8", header.record_count + 1, header.offsets_start)
+        self.checksums: np.ndarray | None = (
+            np.frombuffer(index_map, "<u4", header.record_count, header.checksums_start) if header.has_record_checksums else None
+        )
+
+    @classmethod
+    def open(
+        cls, index_fd: int, data_size: int, read_data: Callable[[int, int], bytes], *, index_path: str, data_path: str
+    ) -> ShardIndex:
+        """Check the index open as `index_fd` against a `data_size`-byte data file, reading with `pread` only, then map it
+        (and `prefetch_index` it if it was cold, so that a cold read faults in its data page only).
+
+        `read_data(offset, length)` returns that range of the data file (for the first/last 4 KiB
+        checksum). No check reads through a map: a page of a sparse file on a full tmpfs cannot
+        be faulted in, and the kernel answers with SIGBUS, which kills the process.
+        """
+        index_size = os.fstat(index_fd).st_size
+        cold = not looks_cached(index_fd, index_size)  # asked before this open's own reads cache parts of it
+        header = fmt.unpack_header(os.pread(index_fd, fmt.HEADER_SIZE, 0), index_size=index_size, path=index_path)
+        preamble = pread_exactly(index_fd, header.offsets_start - fmt.HEADER_SIZE, fmt.HEADER_SIZE, index_path)
+        if any(preamble[header.metadata_size :]):
+            raise FormatError("padding after the metadata is not zero", path=index_path)
+        codec_params, _ = decode_metadata(preamble[: header.metadata_size], path=index_path)
+        del preamble  # the user metadata is parsed again, from the map, only if `metadata` is read
+        codec = codec_from_stored(header.codec_id, codec_params, path=index_path)
+        if data_size != header.data_size:
+            raise FormatError(
+                f"data file is {data_size} bytes but its index expects {header.data_size}: "
+                "truncated, extended, or paired with the wrong index",
+                path=data_path,
+            )
+        dtype = getattr(codec, "dtype", None)
+        if dtype is not None and data_size % codec.row_size:  # type: ignore[attr-defined]
+            raise FormatError(
+                f"data file is {data_size} bytes, not a whole number of {codec.row_size}-byte rows "  # type: ignore[attr-defined]
+                f"(dtype {dtype.str}, trailing shape {list(getattr(codec, 'shape', None) or ())})",
+                path=data_path,
+            )
+        (first,) = _OFFSET.unpack(pread_exactly(index_fd, fmt.OFFSET_SIZE, header.offsets_start, index_path))
+        (last,) = _OFFSET.unpack(pread_exactly(index_fd, fmt.OFFSET_SIZE, header.checksums_start - fmt.OFFSET_SIZE, index_path))
+        if first != 0 or last != data_size:
+            raise FormatError(f"offsets run from {first} to {last}, expected 0 to {data_size}", path=index_path)
+        head, tail = (read_data(offset, length) for offset, length in fmt.edge_ranges(data_size))
+        if fmt.edge_crc32c(head, tail) != header.data_edge_crc32c:
+            raise FormatError(
+                "data file does not match its index (first/last 4 KiB checksum differs): wrong or damaged data file",
+                path=data_path,
+            )
+        index_map = map_file(index_fd, index_size)
+        if cold:
+            prefetch_index(index_fd, index_size)
+        return cls(index_map, header, codec, data_size, index_path=index_path, data_path=data_path)
+
+    def metadata(self) -> dict[str, Any]:
+        """The user metadata the writer stored, parsed from the mapped index."""
+        raw = self.map[fmt.HEADER_SIZE : fmt.HEADER_SIZE + self.header.metadata_size]
+        return decode_metadata(raw, path=self.index_path)[1]
+
+    def close(self) -> None:
+        """Drop the views of the map and close it; arrays already returned stay valid until they are freed."""
+        self.offsets = self.checksums = None  # type: ignore[assignment]
+        if isinstance(self.map, mmap.mmap):
+            try:
+                self.map.close()
+            except BufferError:
+                pass  # arrays returned to the caller still view it; it closes when they are freed
+
+    # -- errors ------------------------------------------------------------------------------
+
+    def offsets_error(self, index: int, start: int, end: int, records: list[int] | None = None) -> CorruptRecordError:
+        """Record `index` has the offsets [start, end); `records` lists every damaged one found, if more."""
+        records = records or [index]
+        others = f"; {len(records)} records have such offsets: {_describe(records)}" if len(records) > 1 else ""
+        return CorruptRecordError(
+            f"record {index} has offsets [{start}, {end}), outside the {self.data_size}-byte data file or reversed{others}",
+            path=self.index_path,
+            records=records,
+        )
+
+    def decode_error(self, index: int, error: Exception) -> CorruptRecordError:
+        return CorruptRecordError(
+            f"record {index} does not decode as {self.codec.name}: {error}", path=self.data_path, records=[index]
+        )
+
+    # -- offsets -----------------------------------------------------------------------------
+
+    def checked_offsets(self, start: int, stop: int) -> np.ndarray:
+        """Offsets of records [start, stop), or a CorruptRecordError listing every record among them whose offsets
+        go backwards or past the end of the data file (one vectorised comparison when nothing is wrong)."""
+        offsets = self.offsets[start : stop + 1]
+        if stop > start and ((offsets[1:] < offsets[:-1]).any() or offsets[-1] > self.data_size):
+            bad = np.flatnonzero((offsets[1:] < offsets[:-1]) | (offsets[1:] > self.data_size))
+            first = int(bad[0])
+            raise self.offsets_error(start + first, int(offsets[first]), int(offsets[first + 1]), (bad + start).tolist())
+        return offsets
+
+    def checked_ranges(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Byte ranges (starts, ends) of records at `indices`, gathered and checked with numpy in one pass."""
+        starts = self.offsets[indices]
+        ends = self.offsets[indices + 1]
+        bad = (starts > ends) | (ends > self.data_size)
+        if bad.any():
+            position = int(bad.argmax())
+            raise self.offsets_error(int(indices[position]), int(starts[position]), int(ends[position]))
+        return starts, ends
+
+    def record_sizes(self) -> np.ndarray:
+        """Every record's payload size in bytes (computes over all N offsets, checking them as reads do)."""
+        offsets = self.checked_offsets(0, self.count)
+        if self.dtype is not None and self.count:
+            self.check_rows(np.arange(self.count), offsets[:-1], offsets[1:])
+        return np.diff(offsets).astype(np.int64)
+
+    # -- the rules a read checks of records at (indices, starts, ends) ---------------------------
+
+    def verify_record(self, index: int, data: Any, start: int, end: int) -> None:
+        """Refuse record `index`, the bytes ``data[start:end]``, unless they have its stored CRC32C."""
+        actual = crc32c(memoryview(data)[start:end])
+        expected = int(self.checksums[index])  # type: ignore[index]
+        if actual != expected:
+            raise CorruptRecordError(
+                f"record {index} checksum is {actual:#010x}, expected {expected:#010x}",
+                path=self.data_path,
+                records=[index],
+            )
+
+    def check_rows(self, indices: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> int:
+        """Check in one pass that byte ranges of an ``ndarray`` shard sit on row boundaries; returns the row size."""
+        row_size: int = self.codec.row_size  # type: ignore[attr-defined]
+        if row_size & (row_size - 1) == 0 and not ((starts | ends) & (row_size - 1)).any():
+            return row_size  # a power of two, the usual row size: one pass over both
+        off_rows = (starts % row_size != 0) | (ends % row_size != 0)
+        if off_rows.any():
+            position = int(off_rows.argmax())
+            error = ValueError(f"offsets [{starts[position]}, {ends[position]}) are not on {row_size}-byte row boundaries")
+            raise self.decode_error(int(indices[position]), error)
+        return row_size
+
+    def check_bools(self, data: np.ndarray, indices: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
+        """Refuse, naming the first, a record of a ``|b1`` shard (whose bytes are the uint8 array `data`) holding a
+        byte other than 0 or 1 (§2.1): one vectorised pass when the ranges are consecutive records, else a check
+        per record."""
+        if len(starts) and (starts[1:] == ends[:-1]).all():
+            bad = self.codec.records_with_invalid_bools(data, np.append(starts, ends[-1:]))  # type: ignore[attr-defined]
+            positions = bad[:1].tolist()
+        else:
+            positions = range(len(starts))
+        for position in positions:
+            try:
+                check_bool_bytes(data[int(starts[position]) : int(ends[position])])
+            except ValueError as error:
+                raise self.decode_error(int(indices[position]), error) from None
+
+    def check_payloads(
+        self, decode: Callable[[Any, int, int], Any] | None, indices: np.ndarray, buffer: Any, offsets: np.ndarray
+    ) -> None:
+        """Raise what a read of record indices[k] raises if its payload ``buffer[offsets[k]:offsets[k + 1]]`` is one a
+        read refuses, so flat reads hand out no record a read would not (§1.3): ``str`` payloads are checked for
+        UTF-8 in one vectorised pass, ``msgpack`` payloads are decoded with `decode`. (Callers check ``ndarray``
+        rows and |b1 bytes.)"""
+        if self.codec.name == "str":
+            suspects: Sequence[int] = _non_utf8_positions(buffer, offsets)
+        elif self.codec.name == "msgpack":
+            suspects = range(len(offsets) - 1)
+        else:
+            return
+        if not suspects:
+            return
+        bounds = offsets.tolist()
+        assert decode is not None
+        for position in suspects:
+            try:
+                decode(buffer, bounds[position], bounds[position + 1])
+            except DECODE_ERRORS as error:
+                raise self.decode_error(int(indices[position]), error) from None
+
+    # -- verify ------------------------------------------------------------------------------
+
+    def verify(
+        self, data: Any, decode: Callable[[Any, int, int], Any] | None, progress: Callable[[int], None] | None = None
+    ) -> None:
+        """Check every byte of the index and of `data` (the whole data file, decoded by `decode`) and, for every
+        record, every rule a read checks (§1.3).
+
+        In order: the index body checksum; that offsets never decrease; then, a chunk
+        of records at a time, the whole data file's CRC32C (always: record checksums
+        locate damage but do not vouch for the header's ``data_crc32c``), each record's
+        checksum when the shard has them, and every rule of `record_rules`. Raises on
+        a damaged structure at once; damaged records are all listed in one
+        CorruptRecordError. `progress` receives byte counts of the data file.
+        """
+        header = self.header
+        body_crc = crc32c_of_range(self.map, fmt.HEADER_SIZE, header.index_size)
+        if body_crc != header.body_crc32c:
+            raise FormatError(
+                f"index body checksum is {body_crc:#010x}, expected {header.body_crc32c:#010x}", path=self.index_path
+            )
+        self.checked_offsets(0, self.count)
+        rules = self.record_rules(data, decode)
+        failed: dict[tuple[str, str], list[int]] = {_BAD_CHECKSUM: [], **{reason: [] for reason, _ in rules}}
+        data_crc = 0
+        with memoryview(data) as view:
+            for chunk_start in range(0, self.count, ITERATION_CHUNK):
+                offsets = self.offsets[chunk_start : min(chunk_start + ITERATION_CHUNK, self.count) + 1]
+                data_crc = crc32c(view[int(offsets[0]) : int(offsets[-1])], data_crc)
+                if self.checksums is not None:
+                    failed[_BAD_CHECKSUM] += self._bad_checksums(view, chunk_start, offsets)
+                for reason, find_failing in rules:
+                    failed[reason] += find_failing(chunk_start, offsets)
+                if progress is not None:
+                    progress(int(offsets[-1] - offsets[0]))
+        problems = [f"{_counted(records, *reason)}: {_describe(records)}" for reason, records in failed.items() if records]
+        if data_crc != header.data_crc32c and not failed[_BAD_CHECKSUM]:  # else those records explain it
+            also = ", though every record passes its own checksum" if self.checksums is not None else ""
+            problems.append(
+                f"data checksum is {data_crc:#010x}, expected {header.data_crc32c:#010x} (the header's data_crc32c){also}"
+            )
+        if problems:
+            damaged = sorted(set().union(*failed.values()))
+            raise CorruptRecordError("; ".join(problems), path=self.data_path, records=damaged)
+
+    def _bad_checksums(self, view: memoryview, chunk_start: int, offsets: np.ndarray) -> list[int]:
+        """Records of the chunk starting at `chunk_start` (bounded by `offsets`) whose CRC32C is not the stored one.
+
+        One call checksums the records (`crc32c_of_ranges`); numpy compares them all at once.
+        """
+        count = len(offsets) - 1
+        actual = crc32c_of_ranges(view, offsets)
+        wrong = np.flatnonzero(actual != self.checksums[chunk_start : chunk_start + count])  # type: ignore[index]
+        return (wrong + chunk_start).tolist()
+
+    def record_rules(self, data: Any, decode: Callable[[Any, int, int], Any] | None) -> list[RecordRule]:
+        """The rules a read checks of a record's bytes in `data` (decoded by `decode`); none for ``bytes``."""
+        if self.dtype is not None:
+            row_size: int = self.codec.row_size  # type: ignore[attr-defined]
+            rules: list[RecordRule] = (
+                [((f"is not on {row_size}-byte row boundaries", f"are not on {row_size}-byte row boundaries"), self._off_row_records)]
+                if row_size > 1
+                else []
+            )
+            if self.dtype.kind == "b":
+                bool_bytes = np.frombuffer(data, np.uint8)
+                rules.append((("holds |b1 bytes other than 0 or 1", "hold |b1 bytes other than 0 or 1"), functools.partial(self._invalid_bool_records, bool_bytes)))
+            return rules
+        if self.codec.name == "str":
+            return [(("is not valid UTF-8", "are not valid UTF-8"), functools.partial(_non_utf8_records, data))]
+        if self.codec.name == "msgpack":
+            assert decode is not None
+            return [(("does not decode as msgpack", "do not decode as msgpack"), functools.partial(_undecodable_records, decode, data))]
+        return []
+
+    def _invalid_bool_records(self, bool_bytes: np.ndarray, chunk_start: int, offsets: np.ndarray) -> list[int]:
+        """Records of a ``|b1`` chunk (of the data file's bytes `bool_bytes`) holding a byte other than 0 or 1, in one
+        vectorised pass."""
+        bad = self.codec.records_with_invalid_bools(bool_bytes, offsets)  # type: ignore[attr-defined]
+        return (bad + chunk_start).tolist()
+
+    def _off_row_records(self, chunk_start: int, offsets: np.ndarray) -> list[int]:
+        """Records of an ``ndarray`` chunk with an offset off a row boundary (both records sharing it), vectorised."""
+        off_row = np.flatnonzero(offsets % self.codec.row_size)  # type: ignore[attr-defined]
+        if not off_row.size:
+            return []
+        records = np.union1d(off_row - 1, off_row) + chunk_start
+        return records[(records >= chunk_start) & (records < chunk_start + len(offsets) - 1)].tolist()
+
+
+def _non_utf8_records(data: Any, chunk_start: int, offsets: np.ndarray) -> list[int]:
+    """Records of a ``str`` chunk that are not valid UTF-8 (one vectorised pass unless one is not)."""
+    return [chunk_start + position for position in _non_utf8_positions(data, offsets)]
+
+
+def _undecodable_records(decode: Callable[[Any, int, int], Any], data: Any, chunk_start: int, offsets: np.ndarray) -> list[int]:
+    """Records of a chunk that the codec's decode (the one every read uses) refuses."""
+    bounds = offsets.tolist()
+    bad = []
+    for position, (start, end) in enumerate(zip(bounds, bounds[1:])):
+        try:
+            decode(data, start, end)
+        except DECODE_ERRORS:
+            bad.append(chunk_start + position)
+    return bad
+
+
+_BAD_CHECKSUM = ("fails its checksum", "fail their checksum")
+
+
+def _counted(records: list[int], one: str, many: str) -> str:
+    """ "1 record fails its checksum" or "3 records fail their checksum"."""
+    return f"1 record {one}" if len(records) == 1 else f"{len(records)} records {many}"

@@ -1,0 +1,497 @@
+"""`RemoteShard`: a shard in object storage read with the API of `Reader`, without downloading its data.
+
+Its index file is fetched whole into the node cache (once per node, verified against its CRC32C) and
+mapped, so offsets cost nothing; records come by ranged reads of the data object, the ranges of a batch
+merged and fetched concurrently. Every record read from the network is checked against its stored CRC32C
+(when the shard has them, as varstore writes by default), because an object can be replaced under a reader
+and a network can lie. `fetch_data` brings the whole data object into the cache (streaming, `verify`);
+reads then slice the local map instead. When the node cache can hold the whole dataset, a shard read by
+ranges past a sixteenth of its bytes is fetched whole in the background (`fetch_whole_after`), so a
+training run downloads each byte about once per node while a few reads never download a shard.
+
+The cache names both objects by what identifies this shard's content (`identity`: for a shard of a dataset,
+the dataset's version and the shard's manifest entry; for any shard, the store's tags of its two objects,
+ETags say, and its index header), never by URL, size and CRC32C alone, which two different index files can
+share.
+
+Faults: besides what `varstore.remote.filesystems` retries, a download failing its size or CRC32C check and a
+record read by ranges failing its CRC32C are fetched again (up to 5 attempts, with backoff), unless the
+dataset was replaced meanwhile: a body damaged on the way is not damage at rest.
+
+Request cost, nothing cached: opening a shard alone is two HEADs, one GET of its header, one of the index
+and one or two of the data file's first and last 4 KiB (a shard of a dataset skips the HEADs and the
+header, which the dataset's open read). A read of one record is one GET of its bytes; a batch is one GET
+per span of records within 64 KiB of each other, all at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import queue
+import threading
+import time
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from ..errors import (
+    ClosedError,
+    CorruptRecordError,
+    FormatError,
+    MissingFileError,
+    RecordTypeError,
+    StorageError,
+    VarstoreError,
+)
+from ..format import header as fmt
+from ..format.checksum import crc32c
+from ..local.mapping import map_file
+from ..remote.cache import DamagedDownloadError
+from ..remote.filesystems import DEFAULT_ATTEMPTS, backoff_delay, download_file, object_info, read_range, read_ranges
+from ..remote.location import RemoteLocation
+from .index import ShardIndex
+from .reader import FlatBatch, check_indices, decode_records, pack_flat, record_buffer
+from .reader_base import ShardReaderBase, replaced_error
+
+# A scan (iteration, slices) fetches records in requests of about this many bytes.
+_SCAN_BYTES = 8 << 20
+_FETCH_WHOLE_FRACTION = 16  # a shard read by ranges past 1/16 of its bytes is fetched whole (see fetch_whole_after)
+_BACKGROUND_FETCHES = 2  # data objects fetched whole at once in the background, per process
+_log = logging.getLogger("varstore.remote")
+
+# Called when an object is missing or unreadable or a record fails its checksum: raises `DatasetReplacedError`
+# if the dataset holding the shard was replaced meanwhile (else returns, and the read's own error stands).
+ReplacedCheck = Callable[[], None]
+
+
+class RemoteShard(ShardReaderBase):
+    """A shard at a URL (its prefix: the objects are URL.data and URL.index), read by ranged requests.
+
+    ``varstore.open(url)`` returns one for a single shard; a remote `ShardedReader` opens one per shard.
+    It pickles as its URL, options and version, and reopens in the receiving process.
+    """
+
+    is_remote = True
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        verify_reads: bool = False,
+        storage_options: dict[str, Any] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | None = None,
+    ) -> None:
+        self.path = url
+        self.verify_reads = verify_reads
+        self._location = RemoteLocation(url, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
+        self._replaced_check: ReplacedCheck = _while_opening
+        self._open()
+        self._replaced_check = self._raise_if_header_changed
+
+    @classmethod
+    def open_listed(
+        cls,
+        location: RemoteLocation,
+        *,
+        sizes: tuple[int, int],
+        index_crc32c: int,
+        verify_reads: bool,
+        replaced_check: ReplacedCheck,
+        fetch_whole_after: int | None,
+        data_crc32c: int,
+        identity: str,
+        whole: bool = False,
+    ) -> RemoteShard:
+        """The shard at `location` whose (data, index) sizes, index and data CRC32Cs a manifest lists: no
+        request for what the manifest already says. `fetch_whole_after`: see `_note_ranged_read`. `identity`
+        names its content in the node cache (the dataset's version, the manifest entry, the store's tags and
+        the header the open read: `RemoteDatasetSource`). With `whole` the data object is fetched whole first,
+        and the open's checks read the local copy."""
+        shard = cls.__new__(cls)
+        shard.path = location.url
+        shard.verify_reads = verify_reads
+        shard._location = location
+        shard._replaced_check = replaced_check
+        shard._fetch_whole_after = fetch_whole_after
+        shard._identity = identity
+        shard._open_parts(*sizes, index_crc32c, data_crc32c, whole)
+        return shard
+
+    # -- opening -----------------------------------------------------------------------------
+
+    def _open(self) -> None:
+        fs, _ = self._location.filesystem()
+        data_path, data_url = self._location.sibling(fmt.DATA_SUFFIX)
+        index_path, index_url = self._location.sibling(fmt.INDEX_SUFFIX)
+        data = object_info(fs, data_path, url=data_url)
+        index = object_info(fs, index_path, url=index_url)
+        data_size, index_size = data.size, index.size
+        head = read_range(fs, index_path, 0, min(fmt.HEADER_SIZE, index_size), url=index_url, size=index_size)
+        header = fmt.unpack_header(head, index_size=index_size, path=index_url)
+        # No manifest: what the store says of each object (ETag, ...) and the whole header name this content.
+        self._identity = f"shard; data [{data.tag}]; index [{index.tag}]; header {head.hex()}"
+        self._fetch_whole_after = fetch_whole_after(data_size, data_size + index_size, self._location.cache.limit_bytes)
+        self._open_parts(data_size, index_size, fmt.index_crc32c(header), header.data_crc32c, False)
+
+    def _open_parts(self, data_size: int, index_size: int, index_crc32c: int, data_crc32c: int, whole: bool) -> None:
+        """Fetch the index (through the cache, verified against `index_crc32c`), check it as §1.3 says against
+        the data object's `data_size` and its first and last 4 KiB, and map it. The data object is read from
+        a local copy if `whole` (fetched now) or if the node cache holds one already and may (a shard opened
+        again after a reader dropped it, or by another process of the node)."""
+        self._data_path, self.data_path = self._location.sibling(fmt.DATA_SUFFIX)
+        index_path, self.index_path = self._location.sibling(fmt.INDEX_SUFFIX)
+        self._data_map: mmap.mmap | bytes | None = None
+        self._ranged_bytes = 0
+        self._whole_requested_by: int | None = os.getpid()  # not while opening: the open's own edge reads are not the reader's
+        self._data_size = data_size
+        if whole:
+            self._map_whole_data(data_crc32c)
+        elif self._fetch_whole_after is not None:
+            self._map_cached_data(data_crc32c)
+        fd = self._fetch_and_open(self.index_path, index_size, index_crc32c, index_path)
+        try:
+            edges = fmt.edge_ranges(data_size)  # (offset, length) pairs
+            fetched = self._read_data([(offset, offset + length) for offset, length in edges], data_size)
+            edge_bytes = dict(zip(edges, fetched))
+            index = ShardIndex.open(
+                fd, data_size, lambda offset, length: edge_bytes[(offset, length)],
+                index_path=self.index_path, data_path=self.data_path,
+            )
+        finally:
+            os.close(fd)
+        if self.verify_reads and index.checksums is None:
+            raise FormatError("verify_reads=True but this shard was written without record checksums", path=self.index_path)
+        self._index = index
+        self._index_map = index.map
+        self._codec = index.codec
+        self.header = index.header
+        self._count = index.count
+        self._closed = False
+        self._whole_requested_by, self._ranged_bytes = None, 0
+
+    # -- description -------------------------------------------------------------------------
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The user metadata the writer stored, parsed from the cached index."""
+        self._check_open()
+        return self._index.metadata()
+
+    @property
+    def fits_in_cache(self) -> bool:
+        """Whether the node cache's limit leaves room for the whole data object (always, with no limit)."""
+        return self._fetch_whole_after is not None
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __repr__(self) -> str:
+        return f"RemoteShard({self.path!r}, records={self._count}, codec={self.codec!r})"
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def __getitem__(self, index: Any) -> Any:
+        if index.__class__ is int:
+            return self.get_batch([index])[0]
+        return self._get_other(index)
+
+    def get_batch(self, indices: Sequence[int] | np.ndarray) -> list[Any]:
+        """Records at `indices`, in that order: their byte ranges merged into as few requests as the gaps
+        allow, fetched at once, each record checked against its CRC32C."""
+        indices = self._check_indices(indices)
+        starts, ends, joined = self._gather(indices)
+        offsets = _offsets_of(starts, ends)
+        if self._index.dtype is not None:
+            self._index.check_rows(indices, starts, ends)  # where they lay in the data file, not in `joined`
+        return decode_records(self._index, record_buffer(self._codec, bytes(joined)), indices, offsets[:-1], offsets[1:])
+
+    def get_batch_flat(self, indices: Sequence[int] | np.ndarray) -> FlatBatch:
+        """Records at `indices` packed into one buffer plus offsets, as `Reader.get_batch_flat`."""
+        indices = self._check_indices(indices)
+        starts, ends, joined = self._gather(indices)
+        return pack_flat(self._index, indices, starts, ends, joined)
+
+    def _read_range(self, start: int, stop: int) -> list[Any]:
+        records: list[Any] = []
+        for chunk_start, chunk_stop in self._scan_chunks(start, stop):
+            records += self.get_batch(np.arange(chunk_start, chunk_stop))
+        return records
+
+    def __iter__(self) -> Iterator[Any]:
+        for start, stop in self._scan_chunks(0, self._count):
+            yield from self.get_batch(np.arange(start, stop))
+
+    def iter_flat(self, batch_size: int = 4096) -> Iterator[FlatBatch]:
+        """Consecutive records, `batch_size` at a time, as `FlatBatch` copies (one request per batch)."""
+        self._check_open()
+        if batch_size < 1:
+            raise RecordTypeError(f"batch_size must be positive, not {batch_size}", path=self.path)
+        for start in range(0, self._count, batch_size):
+            yield self.get_batch_flat(np.arange(start, min(start + batch_size, self._count)))
+
+    def prefetch(self, start: int, stop: int) -> None:
+        """Nothing: a remote shard's records arrive when read; `fetch_data` brings the whole data object."""
+        self._check_open()
+
+    def _scan_chunks(self, start: int, stop: int) -> Iterator[tuple[int, int]]:
+        """Records [start, stop) in runs of at most `_SCAN_BYTES` (or one record, if larger), one request each."""
+        self._check_open()
+        offsets = self._index.checked_offsets(start, stop)
+        position, count = 0, stop - start
+        while position < count:
+            end = int(np.searchsorted(offsets, offsets[position] + _SCAN_BYTES, side="right")) - 1
+            end = min(max(end, position + 1), count)
+            yield start + position, start + end
+            position = end
+
+    def _check_indices(self, indices: Any) -> np.ndarray:
+        self._check_open()
+        return check_indices(indices, self._count, self.path)
+
+    def _gather(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, bytearray]:
+        """Byte ranges of the records at `indices` and their bytes joined back to back, each checked against
+        its record CRC32C. Records read by ranges that fail it are read again (only those), with backoff, up to
+        `DEFAULT_ATTEMPTS` reads in all: a body damaged on the way heals, damage at rest stays and is raised."""
+        starts, ends = self._index.checked_ranges(indices)
+        ranges = list(zip(starts.tolist(), ends.tolist()))
+        ranged = self._data_map is None
+        pieces = self._read_data(ranges, self._data_size)
+        checksums = self._index.checksums
+        if checksums is not None:
+            expected = checksums[indices]
+            actual = np.fromiter(map(crc32c, pieces), np.uint32, len(pieces))
+            wrong = np.flatnonzero(actual != expected)
+            attempt = 1
+            while wrong.size:
+                self._replaced_check()
+                if not ranged or attempt == DEFAULT_ATTEMPTS:  # a verified local copy does not heal by reading again
+                    position = int(wrong[0])
+                    raise CorruptRecordError(
+                        f"record {int(indices[position])} checksum is {int(actual[position]):#010x}, expected "
+                        f"{int(expected[position]):#010x}: the object changed or arrived damaged"
+                        + (f" (read {attempt} times)" if attempt > 1 else ""),
+                        path=self.data_path,
+                        records=indices[wrong].tolist(),
+                    )
+                time.sleep(backoff_delay(attempt))
+                attempt += 1
+                ranged = self._data_map is None
+                again = self._read_data([ranges[position] for position in wrong.tolist()], self._data_size)
+                for position, piece in zip(wrong.tolist(), again):
+                    pieces[position] = piece
+                    actual[position] = crc32c(piece)
+                wrong = wrong[actual[wrong] != expected[wrong]]
+        return starts, ends, bytearray().join(pieces)
+
+    def _read_data(self, ranges: list[tuple[int, int]], size: int) -> list[bytes]:
+        """Bytes of each range of the data object: from the cached copy if `fetch_data` brought one, else by
+        ranged requests."""
+        data_map = self._data_map
+        if data_map is not None:
+            return [data_map[start:end] for start, end in ranges]
+        fs, _ = self._location.filesystem()
+        try:
+            pieces = read_ranges(fs, self._data_path, ranges, url=self.data_path, size=size)
+        except (MissingFileError, StorageError):  # a replacing dataset's shorter object fails the ranges as well
+            self._replaced_check()
+            raise
+        self._note_ranged_read(sum(len(piece) for piece in pieces))
+        return pieces
+
+    def _note_ranged_read(self, size: int) -> None:
+        """Count bytes read by ranges; past `_fetch_whole_after` of them (set only when the node cache can hold
+        the whole dataset), fetch the data object whole in the background, once per process (a child forked
+        while its parent's fetch ran has no thread doing it): a shuffled epoch then reads each shard by ranges
+        only until its copy arrives, and a few reads never download a shard."""
+        self._ranged_bytes += size
+        pid = os.getpid()
+        if self._fetch_whole_after is not None and self._whole_requested_by != pid and self._ranged_bytes >= self._fetch_whole_after:
+            self._whole_requested_by = pid
+            if self._whole_data_key() not in _WHOLE_FETCH_FAILED:
+                _BACKGROUND.submit(self._fetch_in_background)
+
+    def _fetch_in_background(self) -> None:
+        """`fetch_data`, off the reading thread: a failure leaves the reads on ranges, is logged, and is not tried
+        again in this process (a shard reopened after its reader was dropped would download a damaged object
+        whole, and log it, every time)."""
+        try:
+            self.fetch_data()
+        except ClosedError:
+            pass  # the reader was closed meanwhile: nobody needs the copy
+        except VarstoreError as error:
+            _WHOLE_FETCH_FAILED.add(self._whole_data_key())
+            _log.warning("fetching the data object whole failed; this process reads it by ranges: %s", error)
+        except Exception:  # nobody would see it otherwise
+            _WHOLE_FETCH_FAILED.add(self._whole_data_key())
+            _log.exception("fetching the data object whole failed; this process reads it by ranges: %s", self.data_path)
+
+    def _whole_data_key(self) -> tuple[str, int, str]:
+        return self.data_path, self.header.data_crc32c, self._identity
+
+    # -- whole data --------------------------------------------------------------------------
+
+    def fetch_data(self) -> None:
+        """Bring the whole data object into the node cache (verified against the header's data CRC32C) and
+        read it through a map from now on. Thread-safe; a second call does nothing."""
+        self._check_open()
+        if self._data_map is None:
+            self._map_whole_data(self.header.data_crc32c)
+
+    def _map_whole_data(self, data_crc32c: int) -> None:
+        fd = self._fetch_and_open(self.data_path, self._data_size, data_crc32c, self._data_path)
+        try:
+            self._data_map = map_file(fd, self._data_size)
+        finally:
+            os.close(fd)
+        if getattr(self, "_closed", False):  # closed while a background fetch ran: close() did not see this map
+            self._release_data_map()
+
+    def _map_cached_data(self, data_crc32c: int) -> None:
+        """Map the node cache's copy of the data object, if it has one (no request either way)."""
+        local = self._location.cache.cached(self.data_path, self._data_size, data_crc32c, identity=self._identity)
+        if local is None:
+            return
+        try:
+            fd = os.open(local, os.O_RDONLY)
+        except FileNotFoundError:
+            return  # evicted meanwhile: read by ranges
+        except OSError as error:
+            raise StorageError(f"cannot open the cached copy: {error.strerror or error}", path=local) from None
+        try:
+            self._data_map = map_file(fd, self._data_size)
+        finally:
+            os.close(fd)
+
+    def _fetch_and_open(self, url: str, size: int, crc32c: int, fs_path: str) -> int:
+        """A descriptor of the node cache's copy of the object at `url`, downloaded (never more than `size` bytes
+        read, on s3://) if no process on this node has it, and opened before any eviction can remove it (however
+        small the cache limit and however many readers share it). A download failing its size or CRC32C is
+        fetched again, with backoff, up to `DEFAULT_ATTEMPTS` times in all, unless the dataset was replaced
+        meanwhile (`_replaced_check` raises)."""
+        fs, _ = self._location.filesystem()
+        attempt = 1
+        while True:
+            try:
+                return self._location.cache.open(
+                    url, size, crc32c, lambda temporary: download_file(fs, fs_path, temporary, url=url, size=size),
+                    identity=self._identity,
+                )
+            except DamagedDownloadError as error:
+                self._replaced_check()
+                if attempt == DEFAULT_ATTEMPTS:
+                    message = str(error).removeprefix(f"{error.path}: ")
+                    raise DamagedDownloadError(f"{message} (downloaded {attempt} times)", path=url) from error
+                time.sleep(backoff_delay(attempt))
+                attempt += 1
+            except (MissingFileError, StorageError):
+                self._replaced_check()
+                raise
+
+    def verify(self, progress: Callable[[int], None] | None = None) -> None:
+        """Fetch the whole data object (`fetch_data`), then check every byte and every rule a read checks, as
+        `Reader.verify` does."""
+        self.fetch_data()
+        buffer = record_buffer(self._codec, self._data_map)
+        self._index.verify(self._data_map, buffer.decode, progress)
+
+    def _raise_if_header_changed(self) -> None:
+        """A shard opened alone, whose read failed: raise `DatasetReplacedError` if its index header is no longer
+        the one this reader opened (one HEAD and one 64-byte GET). If storage does not answer, the read's own
+        error stands."""
+        fs, _ = self._location.filesystem()
+        index_path, index_url = self._location.sibling(fmt.INDEX_SUFFIX)
+        try:
+            size = object_info(fs, index_path, url=index_url).size
+            head = read_range(fs, index_path, 0, min(fmt.HEADER_SIZE, size), url=index_url, size=size)
+        except MissingFileError:
+            head = b""
+        except StorageError:
+            return
+        found = crc32c(head[: fmt.HEADER_SIZE - fmt.CHECKSUM_SIZE]) if len(head) == fmt.HEADER_SIZE else None
+        if found != self.version:
+            raise replaced_error(self.kind, self.path, self.version, found)
+
+    # -- life cycle --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release the maps; arrays already returned stay valid until they are freed."""
+        if self._closed:
+            return
+        self._closed = True
+        self._count = 0
+        self._index.close()
+        self._release_data_map()
+
+    def _release_data_map(self) -> None:
+        data_map, self._data_map = self._data_map, None
+        if isinstance(data_map, mmap.mmap):
+            try:
+                data_map.close()
+            except BufferError:
+                pass  # arrays returned to the caller still view it; it closes when they are freed
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "location": self._location.state()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._location = RemoteLocation.from_state(state["location"])
+        self._replaced_check = _while_opening
+        super().__setstate__(state)
+        self._replaced_check = self._raise_if_header_changed
+
+
+def fetch_whole_after(data_size: int, dataset_size: int, cache_limit: int | None) -> int | None:
+    """After how many bytes of ranged reads a shard of `data_size` bytes is fetched whole: a sixteenth of it, when
+    the node cache can hold all `dataset_size` bytes of the dataset (its data and index objects); else never
+    (None), since a shuffled epoch over a dataset larger than the cache would evict and fetch shards again and again."""
+    if cache_limit is not None and dataset_size > cache_limit:
+        return None
+    return data_size // _FETCH_WHOLE_FRACTION
+
+
+class _BackgroundFetches:
+    """This process's threads fetching data objects whole (`_note_ranged_read`). They are daemons: a process
+    exits without waiting for the downloads queued or running (a whole dataset, once every shard passed its
+    sixteenth); one cut short leaves only a temporary file, as a kill does. Made again in a forked child."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[Callable[[], None]] | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, action: Callable[[], None]) -> None:
+        with self._lock:
+            if self._jobs is None:
+                self._jobs = queue.SimpleQueue()
+                for number in range(_BACKGROUND_FETCHES):
+                    threading.Thread(target=_run_jobs, args=(self._jobs,), name=f"varstore-fetch-{number}", daemon=True).start()
+            self._jobs.put(action)
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: the parent's threads are not here, and its lock may have been held at the fork."""
+        self._jobs = None
+        self._lock = threading.Lock()
+
+
+def _run_jobs(jobs: queue.SimpleQueue[Callable[[], None]]) -> None:
+    while True:
+        jobs.get()()  # `_fetch_in_background`, which raises nothing
+
+
+_BACKGROUND = _BackgroundFetches()
+# Data objects (URL, data CRC32C) whose background whole fetch failed in this process: not fetched whole again.
+_WHOLE_FETCH_FAILED: set[tuple[str, int]] = set()
+os.register_at_fork(after_in_child=_BACKGROUND.forget_after_fork)
+
+
+def _while_opening() -> None:
+    """A shard opened alone has no version to compare with until it is open: its open errors stand."""
+
+
+def _offsets_of(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    offsets = np.zeros(len(starts) + 1, np.int64)
+    np.cumsum((ends - starts).astype(np.int64), out=offsets[1:])
+    return offsets
+
