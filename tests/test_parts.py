@@ -202,3 +202,19 @@ def test_an_s3_object_replaced_after_its_task_is_refused(s3_server: Any) -> None
     assert not fs.exists(f"{root}/manifest.json")
     abandon_run(url, run_id, storage_options=options)
     assert object_names(url, options) == set()
+
+
+@pytest.mark.timeout(120)
+def test_an_s3_data_object_truncated_after_its_task_is_refused_and_no_manifest_written(s3_server: Any) -> None:
+    """The commit checks every data object's size against the entry its task returned: a data object cut short
+    after the task (its index object untouched, so the header still agrees with the entry) is never committed
+    into a manifest that every reader would then refuse."""
+    options = s3_server.storage_options
+    url, run_id = f"s3://{s3_server.new_bucket()}/dataset", new_run_id()
+    entries = [write_part(url, run_id, 0, 0, PARTS[0], storage_options=options)]
+    fs, root = open_filesystem(url, options)
+    data_object = f"{root}/{entries[0][0]['name']}.data"
+    fs.pipe_file(data_object, fs.cat_file(data_object)[:-1])
+    with pytest.raises(varstore.FormatError, match="bytes, the entry its task returned says"):
+        commit_parts(url, entries, run_id=run_id, storage_options=options)
+    assert not fs.exists(f"{root}/manifest.json")

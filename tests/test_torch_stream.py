@@ -208,3 +208,26 @@ def test_dataset_prefetch_asks_each_shard_for_its_part_of_the_range(datasets):
         dataset.prefetch(30, 30)
     shard = dataset.shard_paths
     assert asked == [(shard[0], 10, 17), (shard[1], 0, 17), (shard[2], 0, 6), (shard[8], 9, 14)]
+
+
+@given(st.sampled_from(SIZES[1:]), st.integers(1, 3), st.integers(1, 3), st.data())
+def test_a_second_resume_continues_from_the_first_resumes_position(datasets, size, world_size, workers, data):
+    """Checkpoint, resume, checkpoint again, resume again: the three runs together deliver each rank's epoch
+    exactly once, in order (a state taken after a resume counts the samples consumed before it too)."""
+    settings = stream_settings(data)
+    for rank in range(world_size):
+        def fresh() -> RecordStream:
+            stream = RecordStream(datasets[size], rank=rank, world_size=world_size, **settings)
+            stream.set_epoch(1)
+            return stream
+
+        uninterrupted = delivered(fresh(), workers)
+        first_steps = data.draw(st.integers(0, len(uninterrupted)), label="first_steps")
+        second = fresh()
+        second.load_state_dict(fresh().state_dict(first_steps * settings["batch_size"]))
+        resumed = delivered(second, workers)
+        second_steps = data.draw(st.integers(0, len(resumed)), label="second_steps")
+        consumed = min(second_steps * settings["batch_size"], sum(map(len, resumed[:second_steps])))
+        third = fresh()
+        third.load_state_dict(second.state_dict(consumed))
+        assert uninterrupted[:first_steps] + resumed[:second_steps] + delivered(third, workers) == uninterrupted
