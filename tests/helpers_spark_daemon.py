@@ -6,7 +6,7 @@ import pandas  # noqa: F401
 import pyarrow  # noqa: F401
 from pyspark.daemon import manager
 
-import varstore.spark
+import varstore.spark  # noqa: F401
 
 if __name__ == "__main__":
     manager()

@@ -22,6 +22,7 @@ import contextlib
 import errno
 import io
 import itertools
+import mmap
 import multiprocessing
 import os
 import random
@@ -45,10 +46,15 @@ from varstore.format.codecs import ALLOWED_DTYPES, MsgpackCodec
 from varstore.torch import RecordDataset, collate_jagged, collate_padded
 from varstore.torch import collate as collate_module
 
-from .test_index_prefetch import evict, resident_fraction
+from .test_index_prefetch import cache_only_the_page_at, evict, open_as_probed, resident_fraction, resident_pages
 from varstore.local.mapping import PREFETCH_LIMIT, looks_cached, prefetch_index
 
 LINUX = sys.platform.startswith("linux")
+# How long a test waits for its worker processes (a pool's results, a DataLoader's batch) before failing: a safety
+# net against a hang, never an expectation of speed (a spawned worker imports torch: seconds, or minutes on a busy
+# machine). The tests that wait so are stopped only after WORKER_TEST_TIMEOUT, so the net fails them first.
+WORKER_SAFETY_NET_S = 600
+WORKER_TEST_TIMEOUT = WORKER_SAFETY_NET_S + 300
 
 
 # ======================================================================================================
@@ -210,38 +216,37 @@ def test_a_shard_on_tmpfs_opens_and_reads_whatever_the_probe_answers(memory_path
             assert len(reader) == 50_000 and reader[-1] == b"\0" and reader[25_000] == b"\0"
 
 
+def open_mostly_cold(shard: Path, index: Path, data: Path, monkeypatch) -> int:
+    """Open the shard with only the page of its index's middle byte cached (checked with mincore: the middle byte
+    cached, the last one not, what `looks_cached` probes; under 5% of the index resident); the bytes advised."""
+    size = index.stat().st_size
+
+    def establish() -> None:
+        evict(data)
+        cache_only_the_page_at(index, size // 2)
+        pages = resident_pages(index)
+        assert pages[(size // 2) // mmap.PAGESIZE] and not pages[-1]
+        assert resident_fraction(index) < 0.05
+
+    def open_shard() -> None:
+        with varstore.open(shard):
+            pass
+
+    return sum(length for _, _, length, _ in open_as_probed(open_shard, establish, index, monkeypatch))
+
+
 @needs_nowait
 def test_a_mostly_cold_index_without_checksums_is_advised(tmp_path, monkeypatch):
+    """The open reads the last offset, the index's last bytes: it must judge the index before that read."""
     index, data = write_byte_shard(tmp_path / "shard", 400_000, checksums=False)
-    evict(index, data)
-    size = index.stat().st_size
-    fd = os.open(index, os.O_RDONLY)
-    try:
-        os.pread(fd, 1, size // 2)  # one page in the middle of the index cached, nothing else
-    finally:
-        os.close(fd)
-    assert resident_fraction(index) < 0.05
-    with recorded_advice(monkeypatch) as advised:
-        with varstore.open(tmp_path / "shard"):
-            pass
-    assert sum(length for _, _, length, _ in advised) == size
+    assert open_mostly_cold(tmp_path / "shard", index, data, monkeypatch) == index.stat().st_size
 
 
 @needs_nowait
 def test_a_mostly_cold_index_with_checksums_is_advised(tmp_path, monkeypatch):
     """The same attack with checksums: the last byte lies in the checksums, which the open does not read."""
     index, data = write_byte_shard(tmp_path / "shard", 400_000, checksums=True)
-    evict(index, data)
-    size = index.stat().st_size
-    fd = os.open(index, os.O_RDONLY)
-    try:
-        os.pread(fd, 1, size // 2)
-    finally:
-        os.close(fd)
-    with recorded_advice(monkeypatch) as advised:
-        with varstore.open(tmp_path / "shard"):
-            pass
-    assert sum(length for _, _, length, _ in advised) == size
+    assert open_mostly_cold(tmp_path / "shard", index, data, monkeypatch) == index.stat().st_size
 
 
 def _open_and_read_many_times(path: str) -> int:
@@ -252,6 +257,7 @@ def _open_and_read_many_times(path: str) -> int:
     return total
 
 
+@pytest.mark.timeout(WORKER_TEST_TIMEOUT)
 @pytest.mark.skipif(not LINUX, reason="fork")
 def test_many_processes_opening_the_same_cold_shard_at_once_all_succeed(tmp_path):
     index, data = write_byte_shard(tmp_path / "shard", 100_000)
@@ -263,7 +269,7 @@ def test_many_processes_opening_the_same_cold_shard_at_once_all_succeed(tmp_path
             os.close(fd)
     context = multiprocessing.get_context("fork")
     with concurrent.futures.ProcessPoolExecutor(max_workers=4, mp_context=context) as pool:
-        results = list(pool.map(_open_and_read_many_times, [str(tmp_path / "shard")] * 8, timeout=60))
+        results = list(pool.map(_open_and_read_many_times, [str(tmp_path / "shard")] * 8, timeout=WORKER_SAFETY_NET_S))
     assert results == [40] * 8
 
 
@@ -688,14 +694,15 @@ def _as_list(batch: list) -> list:
     return batch
 
 
+@pytest.mark.timeout(WORKER_TEST_TIMEOUT)
 @pytest.mark.parametrize(("context", "workers"), [("fork", 2), ("spawn", 1)])  # a spawn worker costs a few seconds
 def test_dataloader_workers_give_what_single_reads_give(tmp_path, context, workers):
     lengths = [index % 5 for index in range(40)]
     records = records_of("<i4", (2,), lengths, seed=3)
     write_sharded(tmp_path / "data", "<i4", (2,), records, per_shard=7)
     dataset = RecordDataset(tmp_path / "data", transform=_negate)
-    loader = DataLoader(dataset, batch_size=6, num_workers=workers, multiprocessing_context=context, timeout=60,
-                        collate_fn=collate_jagged, sampler=list(range(39, -1, -1)))
+    loader = DataLoader(dataset, batch_size=6, num_workers=workers, multiprocessing_context=context,
+                        timeout=WORKER_SAFETY_NET_S, collate_fn=collate_jagged, sampler=list(range(39, -1, -1)))
     seen = []
     for batch in loader:
         assert batch.values.dtype == torch.int64
@@ -705,8 +712,8 @@ def test_dataloader_workers_give_what_single_reads_give(tmp_path, context, worke
     for index, sample in zip(range(39, -1, -1), seen):
         assert np.array_equal(sample.numpy(), -records[index].astype(np.int64))
     if context == "fork":
-        lists = DataLoader(dataset, batch_size=5, num_workers=workers, multiprocessing_context=context, timeout=60,
-                           collate_fn=_as_list)
+        lists = DataLoader(dataset, batch_size=5, num_workers=workers, multiprocessing_context=context,
+                           timeout=WORKER_SAFETY_NET_S, collate_fn=_as_list)
         for number, batch in enumerate(lists):
             for offset, sample in enumerate(batch):
                 assert np.array_equal(sample.numpy(), -records[5 * number + offset].astype(np.int64))

@@ -12,9 +12,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
-# About 25 s on a quiet machine: the codec, reader, writer, damage, verify and spec-vector tests.
+# About 25 s in all on a quiet machine: the codec, reader, writer, damage, verify and spec-vector tests.
 PURE_PYTHON_TESTS = [
     "tests/test_codec_properties.py",
     "tests/test_codec_params.py",
@@ -31,25 +33,33 @@ PURE_PYTHON_TESTS = [
     "tests/test_verify_every_rule.py",
     "tests/test_spec_vectors.py",
 ]
-CHILD_TIMEOUT = 150  # below the test's own 180 s, so a hang reports as this test's failure with the child's output
+# Safety nets against a hung child, never expectations of speed (a file takes seconds on a quiet machine): the
+# child's limit lies below this test's own, so a hang reports as this test's failure with the child's output.
+CHILD_TIMEOUT = 900
+TEST_TIMEOUT = CHILD_TIMEOUT + 120
+IMPORT_CHECK_TIMEOUT = 600
 
 
 def without_extension() -> dict[str, str]:
     return {**os.environ, "VARSTORE_NO_EXTENSION": "1"}
 
 
+@pytest.mark.timeout(IMPORT_CHECK_TIMEOUT + 60)
 def test_no_extension_variable_leaves_varstore_without_its_extension():
     check = ("import varstore._native as native, varstore.shard.reader, varstore.format.checksum, varstore.format.msgpack_bounds; "
              "assert native.speedups is None; "
              "assert varstore.shard.reader.speedups is varstore.format.checksum.speedups is varstore.format.msgpack_bounds.speedups is None")
     result = subprocess.run([sys.executable, "-c", check], cwd=ROOT, env=without_extension(), capture_output=True,
-                            text=True, timeout=60)
+                            text=True, timeout=IMPORT_CHECK_TIMEOUT)
     assert result.returncode == 0, result.stderr
 
 
-def test_suite_passes_on_the_pure_python_paths():
+@pytest.mark.timeout(TEST_TIMEOUT)
+@pytest.mark.parametrize("test_file", PURE_PYTHON_TESTS, ids=[Path(name).stem for name in PURE_PYTHON_TESTS])
+def test_suite_passes_on_the_pure_python_paths(test_file):
+    """One child pytest per file, so each has a limit of its own and a failure names its file."""
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", *PURE_PYTHON_TESTS],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", test_file],
         cwd=ROOT, env=without_extension(), capture_output=True, text=True, timeout=CHILD_TIMEOUT,
     )
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]

@@ -4,6 +4,7 @@ manifest after a failed conversion; and the pipeline JSON Lines -> BPE tokenizer
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -19,22 +20,67 @@ ray = pytest.importorskip("ray", reason="the Ray tests need the ray extra: pip i
 pytest.importorskip("ray.data")
 
 import varstore  # noqa: E402
-from varstore.errors import ShardExistsError
-from varstore.format.manifest import MANIFEST_NAME
-from varstore.ray import VarstoreDatasink, read_varstore
+from varstore.errors import ShardExistsError  # noqa: E402
+from varstore.format.manifest import MANIFEST_NAME  # noqa: E402
+from varstore.ray import VarstoreDatasink, read_varstore  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:ray.data.context")  # Ray reading its own deprecated options
+
+
+# Ray's node start-up has fixed waits that a busy machine can outlast: the raylet must register with the GCS
+# within 30 s (hard-coded in ray/_private/node.py: "The current node timed out during startup") and the GCS must
+# write its port within RAY_gcs_server_port_wait_time_s (30 s by default). The latter is raised here; the former is
+# retried, a fresh node each time, and only if every attempt times out are the Ray tests skipped, saying why.
+RAY_START_ATTEMPTS = 4
+GCS_PORT_WAIT_S = "120"
+# Worker processes must register with the raylet within worker_register_timeout_seconds (60 s by default): a
+# safety net against a worker that never starts, not an expectation of how fast one imports ray.
+RAY_SYSTEM_CONFIG = {"worker_register_timeout_seconds": 600}
+# Every test here, the first one's share of the fixture's retries included, is stopped after this long.
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::DeprecationWarning:ray.data.context"),  # Ray reading its own deprecated options
+    pytest.mark.timeout(RAY_START_ATTEMPTS * 150 + 300),
+]
+
+
+def is_start_up_timeout(error: BaseException) -> bool:
+    """Whether `ray.init` failed because a start-up wait ran out (the node, the GCS port), not for another reason."""
+    return isinstance(error, TimeoutError) or "timed out" in str(error).lower()
+
+
+def start_ray() -> None:
+    """`ray.init` for these tests, retried (after `ray.shutdown`) when a start-up wait runs out; skips the tests,
+    with the last error, when no attempt starts the node."""
+    failures: list[str] = []
+    before = os.environ.get("RAY_gcs_server_port_wait_time_s")
+    os.environ["RAY_gcs_server_port_wait_time_s"] = GCS_PORT_WAIT_S  # read by ray.init and the processes it starts
+    try:
+        for attempt in range(1, RAY_START_ATTEMPTS + 1):
+            try:
+                ray.init(
+                    num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                    runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}}, _system_config=RAY_SYSTEM_CONFIG,
+                )
+                return
+            except Exception as error:
+                ray.shutdown()  # the processes this attempt started
+                if not is_start_up_timeout(error):
+                    raise
+                failures.append(f"attempt {attempt}: {type(error).__name__}: {str(error).splitlines()[0]}")
+    finally:
+        if before is None:
+            os.environ.pop("RAY_gcs_server_port_wait_time_s", None)
+        else:
+            os.environ["RAY_gcs_server_port_wait_time_s"] = before
+    pytest.skip(f"a local Ray node did not start in {RAY_START_ATTEMPTS} attempts (a start-up wait of Ray's ran out "
+                "each time; is the machine overloaded?): " + "; ".join(failures))
 
 
 @pytest.fixture(scope="session")
 def ray_session(s3_server: Any) -> Iterator[Any]:
     """Ray with 2 CPUs for the whole session, started after the S3 server so its workers inherit the session's
     AWS environment (loopback endpoint, dummy keys); progress bars off."""
-    ray.init(
-        num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
-        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
-    )
+    start_ray()
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False
     context.print_on_execution_start = False
@@ -44,15 +90,22 @@ def ray_session(s3_server: Any) -> Iterator[Any]:
         ray.shutdown()
 
 
-@pytest.fixture
-def ordered(ray_session: Any) -> Iterator[None]:
-    """Ray Data hands blocks to write tasks in the dataset's order (for the tests that compare order)."""
+@contextlib.contextmanager
+def preserving_order() -> Iterator[None]:
+    """Ray Data hands blocks on in the dataset's order while this lasts (else in the order tasks end)."""
     options = ray.data.DataContext.get_current().execution_options
     before, options.preserve_order = options.preserve_order, True
     try:
         yield
     finally:
         options.preserve_order = before
+
+
+@pytest.fixture
+def ordered(ray_session: Any) -> Iterator[None]:
+    """Ray Data hands blocks to write tasks in the dataset's order (for the tests that compare order)."""
+    with preserving_order():
+        yield
 
 
 def serial_records(directory: Path, records: list[Any], **options: Any) -> list[Any]:
@@ -85,7 +138,7 @@ def blobs(count: int) -> list[bytes]:
 
 def test_import_varstore_never_imports_ray() -> None:
     code = "import sys, varstore, varstore.dataset.parts; print(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'pandas')))"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT, check=True)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=ROOT, check=True)
     assert result.stdout.strip() == "[]"
 
 
@@ -111,7 +164,8 @@ def test_ray_token_lists_written_to_s3_equal_the_serial_writer_as_a_multiset(ray
     written = stored_records(url, storage_options=ray_session.storage_options)
     serial = serial_records(tmp_path / "serial", documents, codec="ndarray", dtype="int32")
     assert Counter(record.tobytes() for record in written) == Counter(record.tobytes() for record in serial)
-    read_back = read_varstore(url, column="tokens", storage_options=ray_session.storage_options).take_all()
+    with preserving_order():  # without it, blocks come in the order their read tasks end: any order on a busy machine
+        read_back = read_varstore(url, column="tokens", storage_options=ray_session.storage_options).take_all()
     assert [np.asarray(row["tokens"], np.int32).tobytes() for row in read_back] == [record.tobytes() for record in written]
 
 

@@ -18,9 +18,9 @@ import pytest
 pytest.importorskip("pyspark", reason="the Spark tests need the spark extra: pip install -e '.[spark]'")
 
 import varstore  # noqa: E402
-from varstore.errors import ShardExistsError
-from varstore.remote.filesystems import open_filesystem
-from varstore.spark import write_dataframe
+from varstore.errors import ShardExistsError  # noqa: E402
+from varstore.remote.filesystems import open_filesystem  # noqa: E402
+from varstore.spark import write_dataframe  # noqa: E402
 
 # 600 records of 0 to 3000 bytes (some empty) over 3 partitions; shards of at most 40 kB, so several per part.
 RECORD_COUNT = 600
@@ -37,6 +37,31 @@ def make_payloads() -> list[bytes]:
 PAYLOADS = make_payloads()
 
 
+# No limit here is an expectation of speed. Starting the JVM has no time limit (pyspark waits for the gateway's
+# port file or for the JVM to exit); a JVM that exits at start is retried, and only when no attempt starts one are
+# the Spark tests skipped, saying why. The JVM's start and the first job (its Python daemon and workers) fall in the
+# first test, so on a busy machine a test takes minutes: every test here is stopped only after 15 minutes.
+SPARK_START_ATTEMPTS = 3
+pytestmark = pytest.mark.timeout(900)
+
+
+def start_spark(builder: Any) -> Any:
+    """`builder.getOrCreate()`, retried when the JVM exits before its gateway is up; skips the tests if it never is."""
+    from pyspark.errors import PySparkRuntimeError
+
+    failures: list[str] = []
+    for attempt in range(1, SPARK_START_ATTEMPTS + 1):
+        try:
+            return builder.getOrCreate()
+        except PySparkRuntimeError as error:
+            condition = getattr(error, "getCondition", getattr(error, "getErrorClass", lambda: None))()
+            if condition != "JAVA_GATEWAY_EXITED":
+                raise
+            failures.append(f"attempt {attempt}: {str(error).splitlines()[0]}")
+    pytest.skip(f"Spark's JVM did not start in {SPARK_START_ATTEMPTS} attempts (is Java 17+ installed, and is there "
+                "memory for a 1 GB driver?): " + "; ".join(failures))
+
+
 @pytest.fixture(scope="session")
 def spark(s3_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The session's SparkSession. Started after the S3 server, so the Python workers inherit its loopback-only
@@ -47,7 +72,7 @@ def spark(s3_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     os.environ["PYSPARK_PYTHON"] = sys.executable
     root = str(Path(__file__).resolve().parent.parent)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))  # for the daemon module
-    session = (
+    session = start_spark(
         SparkSession.builder.master("local[2,2]")  # local[N,F]: F attempts per task (spark.task.maxFailures is ignored in local mode)
         .appName("varstore-tests")
         .config("spark.ui.enabled", "false")
@@ -56,8 +81,10 @@ def spark(s3_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         .config("spark.sql.adaptive.coalescePartitions.enabled", "false")  # else a small sort lands in one partition
         .config("spark.driver.memory", "1g")
         .config("spark.python.daemon.module", "tests.helpers_spark_daemon")
+        # The Python side must connect back to the JVM's result and authentication sockets within this (15 s by
+        # default): a safety net, not an expectation of how fast a loaded machine schedules a process.
+        .config("spark.python.authenticate.socketTimeout", "600s")
         .config("spark.executorEnv.VARSTORE_CACHE_DIR", str(tmp_path_factory.mktemp("executor-node-cache")))
-        .getOrCreate()
     )
     session.sparkContext.setLogLevel("FATAL")  # failed attempts are planned here; their stack traces are noise
     yield session
@@ -66,7 +93,7 @@ def spark(s3_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 
 def test_import_varstore_never_imports_spark_or_pandas() -> None:
     code = "import sys, varstore; assert not {'pyspark', 'pandas', 'py4j'} & set(sys.modules), sorted(sys.modules)"
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=600)
 
 
 def payload_frame(spark: Any, payloads: list[bytes] = PAYLOADS) -> Any:
@@ -227,7 +254,12 @@ def test_a_failed_job_commits_nothing_and_keeps_the_previous_dataset(spark: Any,
 
 
 
-def wait_for(condition: Any, seconds: float = 30.0) -> bool:
+# How long a task waits for another task's step before failing the test: a safety net against a hang, never an
+# expectation of how fast tasks run (they run in parallel, local[2,2], however slowly).
+TASK_WAIT_SAFETY_NET_S = 600.0
+
+
+def wait_for(condition: Any, seconds: float) -> bool:
     """Poll `condition` until it holds (True) or `seconds` pass (False)."""
     deadline = time.monotonic() + seconds
     while not condition():
@@ -238,30 +270,41 @@ def wait_for(condition: Any, seconds: float = 30.0) -> bool:
 
 
 def test_a_failed_job_is_abandoned_only_after_its_other_tasks_end(spark: Any, s3_server: Any) -> None:
-    """Partition 1 fails (both attempts) while partition 0 is writing to S3; partition 0 then waits until its
-    uploaded shards disappear (or 10 s pass) and writes on, uploading more. Abandoning the run as soon as the
-    job fails would leave those; the driver must wait for partition 0's task to end. (A local destination
-    does not show it: abandoning removes a late task's staging directory, so it fails and cleans up itself;
-    nor does a shared node cache, for the same reason: the fixture gives the executors their own.)"""
+    """Partition 1 fails (both attempts) while partition 0 is writing to S3; partition 0, once partition 1's last
+    attempt is failing (so the job fails), waits until its uploaded shards disappear (or 10 s pass) and writes on,
+    uploading more. Abandoning the run as soon as the job fails would leave those; the driver must wait for
+    partition 0's task to end. (A local destination does not show it: abandoning removes a late task's staging
+    directory, so it fails and cleans up itself; nor does a shared node cache, for the same reason: the fixture
+    gives the executors their own.) The 10 s start when the job fails, not when partition 0 published, so a busy
+    machine's slow retry of partition 1 does not use them up."""
     from pyspark import TaskContext
     from pyspark.errors import PythonException
 
     url = f"s3://{s3_server.new_bucket()}/corpus"
     options = s3_server.storage_options
-    marker = f"{url}-markers/partition-0-published"
+    published_marker = f"{url}-markers/partition-0-published"
+    failing_marker = f"{url}-markers/partition-1-last-attempt-failing"
+
+    def exists(fs: Any, path: str) -> bool:
+        fs.invalidate_cache()
+        return fs.exists(path)
 
     def record(row: dict[str, Any]) -> bytes:
         context = TaskContext.get()
         fs, _ = open_filesystem(url, options)
         if context.partitionId() == 1:
-            if not wait_for(lambda: fs.exists(marker)):
-                raise PlantedFailure("partition 0 uploaded no shard in time")
+            if not wait_for(lambda: exists(fs, published_marker), TASK_WAIT_SAFETY_NET_S):
+                raise PlantedFailure(f"partition 0 uploaded no shard within {TASK_WAIT_SAFETY_NET_S:g} s")
+            if context.attemptNumber() == 1:  # local[2,2]: the last attempt
+                fs.pipe_file(failing_marker, b"failing")
             raise PlantedFailure("partition 1 fails in every attempt")
         if context.partitionId() == 0 and row["id"] == 150:
             published = [name for name in bucket_files(url, options) if name.endswith(".index")]
             assert published, "partition 0 had uploaded no shard after 150 records"
-            fs.pipe_file(marker, b"published")
-            wait_for(lambda: not set(published) <= bucket_files(url, options), seconds=10.0)  # abandoned under it?
+            fs.pipe_file(published_marker, b"published")
+            if not wait_for(lambda: exists(fs, failing_marker), TASK_WAIT_SAFETY_NET_S):
+                raise PlantedFailure(f"partition 1's last attempt did not run within {TASK_WAIT_SAFETY_NET_S:g} s")
+            wait_for(lambda: not set(published) <= bucket_files(url, options), 10.0)  # abandoned under it?
         return row["payload"]
 
     with pytest.raises(PythonException, match="every attempt"):

@@ -184,7 +184,7 @@ def read_varstore(
     path: str | os.PathLike[str], *, column: str = "record", storage_options: dict[str, Any] | None = None
 ) -> Dataset:
     """The varstore dataset at `path` (a directory every worker can read, or a URL) as a Ray Dataset of rows
-    ``{column: record}``, in order, one block per shard: ``bytes`` and 1-D ``ndarray`` records as Arrow binary
+    ``{column: record}``, one block per shard, in dataset order when Ray's ``preserve_order`` is set: ``bytes`` and 1-D ``ndarray`` records as Arrow binary
     and list values built without a Python object per record, others as Arrow makes them (msgpack dicts as
     structs). Each read task reopens the dataset and refuses it (`DatasetReplacedError`) if it is no longer
     the version opened here."""
