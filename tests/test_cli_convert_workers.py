@@ -1,5 +1,5 @@
-"""``varstore convert --workers N`` and `varstore.convert(..., workers=N)`: the parts converted in worker processes
-and committed in order give the records of ``--workers 1``, in the same order, for every source format."""
+"""``varstore convert --workers N`` and `varstore.conversion.convert(..., workers=N)`: the parts converted in worker
+processes and committed in order give the records of ``--workers 1``, in the same order, for every source format."""
 
 from __future__ import annotations
 

@@ -224,7 +224,7 @@ def test_dump_json_prints_dollar_and_integer_keyed_maps_in_the_notation(capsys, 
     ]
     lines = run_json_lines(capsys, "dump", shard)
     assert [line["record"] for line in lines] == expected
-    assert [to_json(record) for record in records] == expected  # dump spells as record_json does
+    assert [to_json(record) for record in records] == expected  # dump spells as varstore.format.notation does
     assert [from_json(line["record"]) for line in lines] == records
     code, out, _ = run(capsys, "dump", shard, "--json", "-i", "0")
     assert code == 0 and '["plain", 1.0]' in out  # a float stays a float in the printed text

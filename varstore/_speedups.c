@@ -4,8 +4,8 @@
    declines: a read returns None (and the caller takes its Python path, which
    raises the error with its message) unless the record is in range and its
    offsets are sound; msgpack_passes answers True only for payloads the Python
-   check (varstore/msgpack_check.py) accepts, and False for anything it is not
-   sure of. So this module can make varstore faster, never different.
+   check (varstore/format/msgpack_bounds.py) accepts, and False for anything it
+   is not sure of. So this module can make varstore faster, never different.
    varstore/_native.py imports it, or None when it was not built. */
 
 #define PY_SSIZE_T_CLEAN
@@ -197,7 +197,7 @@ static PyObject *crc32c_each(PyObject *module, PyObject *payloads)
     return result;
 }
 
-/* ---- msgpack: an accept-only twin of varstore/msgpack_check.py ------------------------- */
+/* ---- msgpack: an accept-only twin of varstore/format/msgpack_bounds.py ----------------- */
 
 #define MAX_DEPTH 512
 #define MAX_MAP_KEYS 32  /* a larger map is left to the Python check, whose key set is a hash set */
@@ -297,7 +297,7 @@ static int same_key(const MapKey *a, const MapKey *b)
     return !a->is_string || memcmp(a->text, b->text, (size_t)a->bits) == 0;
 }
 
-/* 1 if the payload is one well-formed, bounded msgpack object as msgpack_check.py defines it, 0 if unsure. */
+/* 1 if the payload is one well-formed, bounded msgpack object as msgpack_bounds.py defines it, 0 if unsure. */
 static int msgpack_check_passes(const uint8_t *p, Py_ssize_t length, int ext_type, Frame *frames, MapKey *keys, int key_room)
 {
     const uint8_t *end = p + length;
@@ -632,7 +632,7 @@ static PyMethodDef module_methods[] = {
     {"crc32c_each", (PyCFunction)crc32c_each, METH_O,
      "crc32c_each(payloads) -> bytes: the CRC32C of each bytes-like payload as native uint32."},
     {"msgpack_passes", (PyCFunction)(void (*)(void))msgpack_passes, METH_FASTCALL,
-     "msgpack_passes(payload, ext_type) -> bool: True only if varstore.msgpack_check.check_msgpack accepts it."},
+     "msgpack_passes(payload, ext_type) -> bool: True only if varstore.format.msgpack_bounds.check_msgpack accepts it."},
     {"software_crc32c", (PyCFunction)software_crc32c, METH_O,
      "The table-driven CRC32C, for tests of the path CPUs without SSE4.2 take."},
     {NULL, NULL, 0, NULL},

@@ -1,12 +1,12 @@
-"""`ShardedReader`: one global index over the shards a manifest lists, each mapped on first use.
+"""`ShardedReader`: one global index over the shards a manifest lists, each opened on first use, read from a
+source (`dataset_source` picks it: `local_source` for a directory, `remote_source` for a URL).
 
 A reader pins the dataset version it opened (a BLAKE2b-128 digest of the
-manifest's bytes). Opening checks every listed shard's file sizes and index
-header against its manifest entry (one 64-byte read per shard); a shard is
-mapped lazily and checked against its whole entry again (sizes, record count,
-codec, data and index checksums); when that fails and the manifest on disk has
-changed meanwhile, the dataset was replaced under the reader, which raises
-`DatasetReplacedError` rather than read another version.
+manifest's bytes). The source checks each listed shard at the open and again
+when it is first used; here a failed check is told apart: when the
+stored manifest has changed meanwhile, the dataset was replaced under the reader,
+which raises `DatasetReplacedError` rather than read another version; otherwise
+the shard is damaged (and, for ``on_damaged="skip"``, set aside).
 """
 
 from __future__ import annotations
@@ -76,10 +76,10 @@ def dataset_source(
 
 
 class ShardedReader(ReaderBase):
-    """A dataset directory read as one sequence of records, with the same API as `Reader`.
+    """A dataset (a local directory or a URL) read as one sequence of records, with the same API as `Reader`.
 
-    Opening reads the manifest and checks every shard it lists, empty ones
-    included, against its entry (`check_listed_shard`); a shard is mapped, and
+    Opening reads the manifest and has the source check every shard it lists, empty
+    ones included, against its entry (`check_listed`); a shard is opened, and
     checked against its entry again, the first time one of its records is read.
     Shards already mapped keep serving the version this reader opened after the
     dataset is replaced; a shard first needed after that raises
@@ -138,7 +138,7 @@ class ShardedReader(ReaderBase):
         self._closed = False
 
     def _read_consistent_manifest(self) -> tuple[Manifest, Codec, dict[int, VarstoreError]]:
-        """The manifest, its codec and the shards that fail their checks against it (`check_listed_shard`),
+        """The manifest, its codec and the shards that fail their checks against it (the source's `check_listed`),
         read again while an overwrite changes it."""
         for _ in range(_OPEN_ATTEMPTS):
             manifest = self._source.read_manifest()

@@ -1,4 +1,8 @@
-"""The dataset manifest: ``DIR/manifest.json`` lists a dataset's shards, written last and atomically.
+"""A dataset's manifest (§3) as bytes and back: `Manifest` and its `ShardEntry` list, parsed and checked
+(`decode_manifest`) or encoded and checked (`checked_manifest_bytes`), the dataset version it gives
+(`manifest_digest`), and the checks of a shard's header and codec against its entry. Nothing here reads or
+writes a file: `varstore.local.manifest_file` does that in a directory; at a URL the remote readers and writers
+fetch and upload the bytes.
 
 It holds the format name and version, the codec shared by every shard, user
 metadata, and per shard its file name, record count, file sizes and checksums.

@@ -1,5 +1,5 @@
-"""The directory a command or operation (copy, merge, convert) writes a dataset into: what may already be there, and what is removed again when
-the operation fails."""
+"""The directory a command or operation (copy, merge, convert) writes a dataset into: what may already be there,
+and what is removed again when the operation fails."""
 
 from __future__ import annotations
 

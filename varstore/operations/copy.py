@@ -201,7 +201,7 @@ def copy(source: str | os.PathLike[str], destination: str | os.PathLike[str], *,
     copy is then verified in full (at a URL this downloads every object into the node cache). Any failure
     removes what was written, the manifest first, and raises. With `overwrite` the dataset (or shard) at
     `destination` is removed before the copy begins; otherwise one there is refused. `progress`
-    (`varstore.operations.progress`) is told the bytes to copy and each amount copied.
+    (`varstore.progress`) is told the bytes to copy and each amount copied.
     """
     source, destination = store_path(source), os.fspath(destination)
     if _same_location(source, destination):

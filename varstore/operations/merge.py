@@ -143,7 +143,7 @@ def merge(sources: Sequence[str | os.PathLike[str]], destination: str | os.PathL
     Shard files are hard-linked (or with `copy`, copied) into a local destination and uploaded to a URL, then the
     manifest is written; the destination's directory is locked for one writer meanwhile. `metadata` is the merged
     dataset's (default: the sources' when they all agree, else none). `progress`
-    (`varstore.operations.progress`) is told the bytes of shard files to bring and each amount brought.
+    (`varstore.progress`) is told the bytes of shard files to bring and each amount brought.
     """
     paths = [store_path(source) for source in sources]
     destination = os.fspath(destination)

@@ -1,11 +1,11 @@
 """Where merge and copy write a dataset, a local directory or a URL: shards first, each from a local copy, then the
-manifest, the commit point. After a failure what the command wrote is removed again, the manifest first, so a
+manifest, the commit point. After a failure what the operation wrote is removed again, the manifest first, so a
 reader never finds a manifest naming objects that are not whole.
 
 A local directory is written as merge always did: under its writer lock, files linked or copied durably,
 the manifest committed with `commit_manifest_file`. At a URL each shard is uploaded data object first, then
 index object (the order the remote writer uses: an index object means a whole data object), and the manifest
-last with a create-only write (S3 ``If-None-Match: *``). Object stores have no lock: two commands writing one
+last with a create-only write (S3 ``If-None-Match: *``). Object stores have no lock: two operations writing one
 URL at once must be kept apart by the user; the create-only manifest write refuses the second one's commit.
 """
 

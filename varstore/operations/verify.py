@@ -213,7 +213,7 @@ def verify(path: str | os.PathLike[str], *, remove_temporary: bool = False,
     `remove_temporary` first deletes the temporary files that interrupted writers left beside a local store
     (a running writer's are left alone: it holds its lock). A store that cannot be opened at all (no shard or
     manifest there, a manifest that does not parse) raises its `VarstoreError`. `progress`
-    (`varstore.operations.progress`) is told the bytes of records to check and each amount checked.
+    (`varstore.progress`) is told the bytes of records to check and each amount checked.
     """
     path = store_path(path)
     options = remote_options(storage_options, cache_dir, cache_limit)

@@ -3,9 +3,9 @@
 Split from `Reader` so that any way of reaching a shard's data (a memory map of
 the local data file, or ranged reads of a remote one) checks it against the same
 index with the same rules and errors. The index opens from a file descriptor with
-``pread`` (§1.3's checks) and is then mapped, and a cold index of up to `PREFETCH_LIMIT`
-bytes is read into the page cache in the background; the data is never read here
-except the bytes a caller hands in.
+``pread`` (§1.3's checks) and is then mapped, and a cold index of up to
+`varstore.local.mapping.PREFETCH_LIMIT` bytes is read into the page cache in the
+background; the data is never read here except the bytes a caller hands in.
 """
 
 from __future__ import annotations
