@@ -17,21 +17,9 @@ from varstore.format.manifest import MANIFEST_NAME
 from varstore.local.publish import TEMP_MARK
 from varstore.operations.statistics import statistics
 
+from .helpers_cli import flip_byte, write_dataset
+
 RECORD_BYTES = 3000  # record 2 of a five-record shard lies clear of the first and last 4 KiB, which opening checks
-
-
-def _write_dataset(directory: Path, records: list[Any], **options: Any) -> Path:
-    with varstore.ShardedWriter(directory, **options) as writer:
-        writer.extend(records)
-    return directory
-
-
-def _flip_byte(path: Path, position: int) -> None:
-    with open(path, "r+b") as file:
-        file.seek(position)
-        value = file.read(1)[0]
-        file.seek(position)
-        file.write(bytes([value ^ 0x01]))
 
 
 def _records(path: Path | str, **options: Any) -> list[Any]:
@@ -62,7 +50,7 @@ def payloads() -> list[bytes]:
 
 @pytest.mark.timeout(120)
 def test_copy_brings_every_record_and_the_manifest_byte_for_byte(tmp_path, payloads):
-    source = _write_dataset(tmp_path / "src", payloads, max_shard_records=6, metadata={"kind": "test"})
+    source = write_dataset(tmp_path / "src", payloads, max_shard_records=6, metadata={"kind": "test"})
     progress = _Recorder()
     result = varstore.copy(source, tmp_path / "nested" / "dst", progress=progress)
     assert (result.kind, result.records, result.shards, result.verified) == ("dataset", 20, 4, True)
@@ -75,7 +63,7 @@ def test_copy_brings_every_record_and_the_manifest_byte_for_byte(tmp_path, paylo
 
 @pytest.mark.timeout(120)
 def test_copy_refuses_what_is_there_unless_overwrite_and_copies_a_lone_shard(tmp_path, payloads):
-    source = _write_dataset(tmp_path / "src", payloads[:4])
+    source = write_dataset(tmp_path / "src", payloads[:4])
     varstore.copy(source, tmp_path / "dst")
     with pytest.raises(CommandError, match="already there"):
         varstore.copy(source, tmp_path / "dst")
@@ -92,7 +80,7 @@ def test_copy_refuses_what_is_there_unless_overwrite_and_copies_a_lone_shard(tmp
 @pytest.mark.timeout(120)
 def test_copy_to_object_storage_and_back(tmp_path, s3_server, payloads):
     pytest.importorskip("s3fs")
-    source = _write_dataset(tmp_path / "src", payloads[:11], max_shard_records=4)
+    source = write_dataset(tmp_path / "src", payloads[:11], max_shard_records=4)
     url = f"s3://{s3_server.new_bucket()}/ds"
     options = {"storage_options": s3_server.storage_options, "cache_dir": str(tmp_path / "cache")}
     assert varstore.copy(source, url, **options).shards == 3
@@ -103,8 +91,8 @@ def test_copy_to_object_storage_and_back(tmp_path, s3_server, payloads):
 
 @pytest.mark.timeout(120)
 def test_merge_keeps_every_record_in_the_order_given(tmp_path):
-    first = _write_dataset(tmp_path / "a", [f"a{index}" for index in range(7)], codec="str", max_shard_records=3)
-    second = _write_dataset(tmp_path / "b", [f"b{index}" for index in range(4)], codec="str", max_shard_records=3)
+    first = write_dataset(tmp_path / "a", [f"a{index}" for index in range(7)], codec="str", max_shard_records=3)
+    second = write_dataset(tmp_path / "b", [f"b{index}" for index in range(4)], codec="str", max_shard_records=3)
     result = varstore.merge([second, first], tmp_path / "merged")
     assert _records(tmp_path / "merged") == [f"b{index}" for index in range(4)] + [f"a{index}" for index in range(7)]
     assert (result.sources, result.shards, result.records, result.files) == (2, 5, 11, 10)
@@ -114,14 +102,14 @@ def test_merge_keeps_every_record_in_the_order_given(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_merge_drops_differing_metadata_and_refuses_other_codecs_and_a_shard_twice(tmp_path):
-    first = _write_dataset(tmp_path / "a", ["x"], codec="str", metadata={"from": "a"})
-    second = _write_dataset(tmp_path / "b", ["y"], codec="str", metadata={"from": "b"})
+    first = write_dataset(tmp_path / "a", ["x"], codec="str", metadata={"from": "a"})
+    second = write_dataset(tmp_path / "b", ["y"], codec="str", metadata={"from": "b"})
     result = varstore.merge([first, second], tmp_path / "merged", copy=True)
     assert result.metadata_differ and result.metadata == {} and result.linked == 0
     assert varstore.open(tmp_path / "merged").metadata == {}
     given = varstore.merge([first, second], tmp_path / "given", metadata={"set": 1})
     assert not given.metadata_differ and varstore.open(tmp_path / "given").metadata == {"set": 1}
-    other = _write_dataset(tmp_path / "c", [b"z"], codec="bytes")
+    other = write_dataset(tmp_path / "c", [b"z"], codec="bytes")
     with pytest.raises(CommandError, match="cannot merge different codecs"):
         varstore.merge([first, other], tmp_path / "mixed")
     with pytest.raises(UsageError, match="given twice"):
@@ -132,8 +120,8 @@ def test_merge_drops_differing_metadata_and_refuses_other_codecs_and_a_shard_twi
 @pytest.fixture
 def damaged(tmp_path, payloads) -> Path:
     """Four shards of five records; shard 1's record 2 (dataset record 7) has a flipped byte."""
-    directory = _write_dataset(tmp_path / "ds", payloads, max_shard_records=5)
-    _flip_byte(directory / "shard-000001.data", 2 * RECORD_BYTES + 7)
+    directory = write_dataset(tmp_path / "ds", payloads, max_shard_records=5)
+    flip_byte(directory / "shard-000001.data", 2 * RECORD_BYTES + 7)
     return directory
 
 
@@ -162,7 +150,7 @@ def test_repair_refuses_what_is_not_a_dataset(tmp_path):
 @pytest.mark.timeout(120)
 def test_describe_counts_a_token_dataset_from_its_headers(tmp_path):
     documents = [np.arange(length, dtype=np.uint16) for length in (3, 0, 5, 8, 1)]
-    directory = _write_dataset(tmp_path / "tokens", documents, codec="ndarray", dtype="uint16", max_shard_records=2,
+    directory = write_dataset(tmp_path / "tokens", documents, codec="ndarray", dtype="uint16", max_shard_records=2,
                                metadata={"tokenizer": "gpt2"})
     facts = varstore.describe(directory)
     assert (facts.kind, facts.record_count, len(facts.shards), facts.files) == ("dataset", 5, 3, (MANIFEST_NAME,))
@@ -190,7 +178,7 @@ def test_verify_reports_the_damaged_record_of_a_planted_byte_flip(damaged):
 
 @pytest.mark.timeout(120)
 def test_verify_of_an_intact_store_and_its_temporary_files(tmp_path, payloads):
-    directory = _write_dataset(tmp_path / "ds", payloads[:3])
+    directory = write_dataset(tmp_path / "ds", payloads[:3])
     leftover = directory / f"shard-000009.data{TEMP_MARK}0123456789ab"
     leftover.write_bytes(b"")
     report = varstore.verify(directory)
@@ -203,7 +191,7 @@ def test_verify_of_an_intact_store_and_its_temporary_files(tmp_path, payloads):
 
 @pytest.mark.timeout(120)
 def test_statistics_of_record_sizes(tmp_path):
-    directory = _write_dataset(tmp_path / "ds", [b"x" * size for size in (1, 2, 3, 10, 100)])
+    directory = write_dataset(tmp_path / "ds", [b"x" * size for size in (1, 2, 3, 10, 100)])
     figures = statistics(directory)
     assert (figures.records, figures.total_bytes, figures.min, figures.max) == (5, 116, 1, 100)
     assert figures.percentiles["p50"] == 3 and sum(row["count"] for row in figures.histogram) == 5
