@@ -92,7 +92,7 @@ def test_token_file_splits_into_documents_across_chunk_boundaries(capsys, tmp_pa
 
 @pytest.mark.parametrize(
     ("arguments", "message"),
-    [(["--dtype", "uint16"], "needs --dtype (e.g. uint16) and --separator"),
+    [(["--dtype", "uint16"], "a token file needs --separator (the end-of-document token id)"),
      (["--dtype", "float32", "--separator", "1"], "--dtype must be an integer type"),
      (["--dtype", "uint16", "--separator", "70000"], "--separator 70000 does not fit uint16"),
      (["--dtype", "uint16", "--separator", "1", "--field", "text"], "--field does not apply to tokens sources")],

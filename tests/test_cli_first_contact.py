@@ -298,3 +298,32 @@ def test_merge_never_writes_into_a_dataset_even_with_other_files_allowed(tmp_pat
     code, _, err = run(capsys, "merge", source, taken, "--allow-other-files")
     assert_one_line_error(code, err, "exists and is not empty", "a dataset's files", "manifest.json")
     assert list(varstore.open(taken)) == ["b"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "options, says, not_says",
+    [
+        (["--dtype", "float99", "--separator", "5"], ["--dtype float99 is not a dtype", "uint16", "int64"], ["needs"]),
+        (["--dtype", "float99"], ["--dtype float99 is not a dtype", "uint16"], ["needs"]),
+        (["--dtype", "float32", "--separator", "5"], ["integer type", "not float32"], ["needs"]),
+        (["--dtype", "uint16"], ["needs --separator"], ["--dtype (e.g."]),
+        (["--separator", "5"], ["needs --dtype"], ["--separator (the"]),
+    ],
+)
+def test_a_token_file_with_a_dtype_it_cannot_take_or_an_option_missing_says_which(tmp_path, capsys, options, says, not_says):
+    """A dtype that was given is judged as given (and the token dtypes listed), never reported as missing."""
+    np.arange(10, dtype=np.uint16).tofile(tmp_path / "train.bin")
+    code, out, err = run(capsys, "convert", tmp_path / "train.bin", tmp_path / "out", *options)
+    assert code == 2 and out == ""
+    assert_one_line_error(code, err, *says)
+    assert not any(fragment in err for fragment in not_says), err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.timeout(60)
+def test_repair_of_a_url_says_it_repairs_local_datasets_and_how_to_get_one(capsys):
+    code, out, err = run(capsys, "repair", "s3://bucket/train")
+    assert code == 2 and out == ""
+    assert_one_line_error(code, err, "s3://bucket/train", "repair works on a dataset in a local directory", "varstore cp")
+    assert "not a dataset directory" not in err

@@ -31,6 +31,7 @@ _CHUNK_BYTES = 16 << 20
 _PROGRESS_STEP_BYTES = 1 << 20
 _PARQUET_BATCH_ROWS = 4096
 DEFAULT_MAX_RECORD_BYTES = 64 << 20
+_TOKEN_DTYPES = "int8, int16, int32, int64, uint8, uint16, uint32, uint64"
 
 
 FORMAT_BY_SUFFIX = {".npy": "npy", ".bin": "tokens", ".jsonl": "jsonl", ".ndjson": "jsonl", ".txt": "text", ".parquet": "parquet"}
@@ -108,8 +109,12 @@ def open_source(path: str, kind: str, options: dict[str, Any]) -> Source:
     if kind == "npy":
         return NpySource(path, options.get("offsets"))
     if kind == "tokens":
-        if options.get("dtype") is None or options.get("separator") is None:
-            raise UsageError("a token file needs --dtype (e.g. uint16) and --separator (the end-of-document token id)")
+        if options.get("dtype") is not None:
+            token_dtype(options["dtype"])  # a dtype given is judged before the options missing
+        missing = [f"--{name}" for name in ("dtype", "separator") if options.get(name) is None]
+        if missing:
+            needs = {"--dtype": "--dtype (e.g. uint16)", "--separator": "--separator (the end-of-document token id)"}
+            raise UsageError(f"a token file needs {' and '.join(needs[name] for name in missing)}")
         return TokenSource(path, options["dtype"], options["separator"], drop_separator=bool(options.get("drop_separator")))
     max_record_bytes = options.get("max_record_bytes") or DEFAULT_MAX_RECORD_BYTES
     skip_null = bool(options.get("skip_null"))
@@ -232,6 +237,17 @@ def _checked_offsets(path: str, rows: int) -> np.ndarray:
     return offsets
 
 
+def token_dtype(dtype: Any) -> np.dtype:
+    """`dtype` as the integer dtype of token ids, or a `UsageError` that lists the ones a token file may have."""
+    try:
+        found = canonical_dtype(dtype)
+    except RecordTypeError:
+        raise UsageError(f"--dtype {dtype} is not a dtype token ids can have; the token dtypes are {_TOKEN_DTYPES}") from None
+    if found.kind not in "iu":
+        raise UsageError(f"--dtype must be an integer type for token ids ({_TOKEN_DTYPES}), not {found.name}")
+    return found
+
+
 class TokenSource(Source):
     """A raw token file (nanoGPT's ``.bin``): one integer dtype, documents split at a separator token.
 
@@ -247,12 +263,7 @@ class TokenSource(Source):
 
     def __init__(self, path: str, dtype: str, separator: int, *, drop_separator: bool) -> None:
         self.path = path
-        try:
-            self.dtype = canonical_dtype(dtype)
-        except RecordTypeError as error:
-            raise UsageError(f"--dtype: {error}") from None
-        if self.dtype.kind not in "iu":
-            raise UsageError(f"--dtype must be an integer type for token ids, not {self.dtype.name}")
+        self.dtype = token_dtype(dtype)
         limits = np.iinfo(self.dtype)
         if not limits.min <= separator <= limits.max:
             raise UsageError(f"--separator {separator} does not fit {self.dtype.name} [{limits.min}, {limits.max}]")
