@@ -120,3 +120,12 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
             yield S3Server(endpoint_url, log, client)
     finally:
         server.stop()
+
+
+@pytest.fixture
+def node_cache(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A node cache (and the remote writer's staging) per test, under the test's own directory: a module asks for
+    it with ``pytestmark = pytest.mark.usefixtures("node_cache")``."""
+    cache = tmp_path / "node-cache"
+    monkeypatch.setenv("VARSTORE_CACHE_DIR", str(cache))
+    return cache

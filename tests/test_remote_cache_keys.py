@@ -29,18 +29,13 @@ from varstore.format.checksum import crc32c
 from varstore.remote.cache import NodeCache, object_name
 from varstore.remote.filesystems import open_filesystem
 
+pytestmark = pytest.mark.usefixtures("node_cache")  # tests.helpers_s3: a node cache per test
+
 SHARD_RECORDS = 10
 RECORDS = 20
 # Holds both index files (and the old data, were it fetched) but not the whole dataset: records are read by
 # ranges, never from a whole copy, so what is cached is the index files alone.
 CACHE_LIMIT = 1000
-
-
-@pytest.fixture(autouse=True)
-def node_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    cache = tmp_path / "node-cache"
-    monkeypatch.setenv("VARSTORE_CACHE_DIR", str(cache))
-    return cache
 
 
 def colliding_datasets(directory: Path) -> tuple[Path, Path, list[bytes], list[bytes]]:

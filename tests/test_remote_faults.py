@@ -34,6 +34,8 @@ from varstore.remote.filesystems import (
     read_ranges,
 )
 
+pytestmark = pytest.mark.usefixtures("node_cache")  # tests.helpers_s3: a node cache per test
+
 pytest.importorskip("s3fs")
 
 DATA = bytes(range(256)) * 800  # 200 KiB, every byte's value tells its offset modulo 256
@@ -49,13 +51,6 @@ class SleepRecorder:
 
     def __call__(self, seconds: float) -> None:
         self.delays.append(seconds)
-
-
-@pytest.fixture(autouse=True)
-def node_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    cache = tmp_path / "node-cache"
-    monkeypatch.setenv("VARSTORE_CACHE_DIR", str(cache))
-    return cache
 
 
 @pytest.fixture
