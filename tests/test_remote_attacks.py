@@ -39,21 +39,21 @@ def run_child(script: str, cache: Path) -> subprocess.CompletedProcess[str]:
 STALLING_DATASET = """
     import sys, threading
     import varstore
-    import varstore.shard.remote_shard as remote_shard
+    from varstore.remote.transport import FsspecTransport
 
     url = "memory://attacks/" + str(abs(hash(sys.argv[1])))
     with varstore.ShardedWriter(url, "bytes", max_shard_records=100, overwrite=True) as writer:
         for _ in range(400):
             writer.append(bytes(1000))
     release = threading.Event()
-    real_download = remote_shard.download_file
+    real_download = FsspecTransport.download_file
 
-    def stalling_download(fs, path, temporary, *, url, **options):
+    def stalling_download(transport, url, temporary, **options):
         if url.endswith(".data"):
             release.wait()
-        return real_download(fs, path, temporary, url=url, **options)
+        return real_download(transport, url, temporary, **options)
 
-    remote_shard.download_file = stalling_download
+    FsspecTransport.download_file = stalling_download
     reader = varstore.open(url, cache_dir=sys.argv[1])
 """
 
@@ -78,7 +78,7 @@ def test_forked_child_fetches_a_shard_whose_parent_fetch_was_in_flight(tmp_path:
     reader.get_batch(list(range(0, 100, 5)))  # past a sixteenth of shard 0: its fetch starts, and stalls
     pid = os.fork()
     if pid == 0:
-        remote_shard.download_file = real_download
+        FsspecTransport.download_file = real_download
         shard = reader.shard(0)
         shard.get_batch([1])
         deadline = time.monotonic() + 30
@@ -95,16 +95,16 @@ def test_forked_child_fetches_a_shard_whose_parent_fetch_was_in_flight(tmp_path:
 
 def _counting_downloads(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     """Downloads into the node cache, by object name."""
-    import varstore.shard.remote_shard as remote_shard
+    from varstore.remote.transport import FsspecTransport
 
     counts: Counter[str] = Counter()
-    real_download = remote_shard.download_file
+    real_download = FsspecTransport.download_file
 
-    def counting_download(fs: Any, path: str, temporary: str, *, url: str, **options: Any) -> None:
+    def counting_download(transport: Any, url: str, temporary: str, **options: Any) -> None:
         counts[url.rsplit("/", 1)[-1]] += 1
-        real_download(fs, path, temporary, url=url, **options)
+        real_download(transport, url, temporary, **options)
 
-    monkeypatch.setattr(remote_shard, "download_file", counting_download)
+    monkeypatch.setattr(FsspecTransport, "download_file", counting_download)
     return counts
 
 
@@ -268,19 +268,21 @@ def test_closing_a_shard_while_its_background_fetch_runs_leaves_no_map(tmp_path:
     with varstore.ShardedWriter(url, "bytes", max_shard_records=100, overwrite=True) as writer:
         writer.extend(bytes(1000) for _ in range(100))
     downloading, release, fetched = threading.Event(), threading.Event(), threading.Event()
-    real_download, real_fetch = remote_shard.download_file, remote_shard.RemoteShard._fetch_in_background
+    from varstore.remote.transport import FsspecTransport
 
-    def held_download(fs: Any, path: str, temporary: str, *, url: str, **options: Any) -> None:
+    real_download, real_fetch = FsspecTransport.download_file, remote_shard.RemoteShard._fetch_in_background
+
+    def held_download(transport: Any, url: str, temporary: str, **options: Any) -> None:
         if url.endswith(".data"):
             downloading.set()
             release.wait(CHILD_SECONDS)
-        real_download(fs, path, temporary, url=url, **options)
+        real_download(transport, url, temporary, **options)
 
     def signalled_fetch(self: Any) -> None:
         real_fetch(self)
         fetched.set()
 
-    monkeypatch.setattr(remote_shard, "download_file", held_download)
+    monkeypatch.setattr(FsspecTransport, "download_file", held_download)
     monkeypatch.setattr(remote_shard.RemoteShard, "_fetch_in_background", signalled_fetch)
     shard = varstore.open(url + "/shard-000000", cache_dir=tmp_path / "cache")
     shard.get_batch(list(range(0, 100, 5)))  # past a sixteenth: the whole fetch starts

@@ -1,41 +1,22 @@
 """`RemoteLocation`: a URL in object storage, the options of the filesystem that reaches it, and this node's
 cache for what is read from it.
 
-Readers keep one and pickle it as plain values (`state`): the filesystem is opened again, lazily, in each
-process that uses it, since clients hold sockets and event loops that do not survive ``fork``.
+Readers keep one and pickle it as plain values (`state`): the filesystem and the transport's client are
+opened again, lazily, in each process that uses them, since clients hold sockets and event loops that do not
+survive ``fork``.
 """
 
 from __future__ import annotations
 
 import copy
 import os
-import threading
 from typing import TYPE_CHECKING, Any
 
 from .cache import NodeCache, default_cache_dir
-from .filesystems import open_filesystem
+from .transport import FsspecTransport, Transport, transport_for
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
-
-
-class _Filesystem:
-    """The filesystem of one URL, opened on first use in each process (again after a fork); shared by the
-    locations under that URL."""
-
-    def __init__(self, url: str, storage_options: dict[str, Any]) -> None:
-        self.url = url
-        self.storage_options = storage_options
-        self._opened: tuple[int, AbstractFileSystem, str] | None = None
-        self._lock = threading.Lock()
-
-    def open(self) -> tuple[AbstractFileSystem, str]:
-        opened = self._opened
-        if opened is None or opened[0] != os.getpid():
-            with self._lock:
-                fs, path = open_filesystem(self.url, self.storage_options)
-                self._opened = opened = (os.getpid(), fs, path.rstrip("/"))
-        return opened[1], opened[2]
 
 
 class RemoteLocation:
@@ -52,11 +33,12 @@ class RemoteLocation:
         self.url = url.rstrip("/")
         self.storage_options = dict(storage_options or {})
         self.cache = NodeCache(os.fspath(cache_dir) if cache_dir is not None else default_cache_dir(), limit_bytes=cache_limit)
-        self._filesystem = _Filesystem(self.url, self.storage_options)
+        self._fsspec = FsspecTransport(self.url, self.storage_options)
+        self._transport = transport_for(self.url, self.storage_options, self._fsspec)
         self._subpath = ""
 
     def at(self, name: str) -> RemoteLocation:
-        """The location of `name` under this one, sharing its filesystem and cache."""
+        """The location of `name` under this one, sharing its filesystem, transport and cache."""
         child = copy.copy(self)
         child.url = f"{self.url}/{name}"
         child._subpath = f"{self._subpath}/{name}"
@@ -64,8 +46,12 @@ class RemoteLocation:
 
     def filesystem(self) -> tuple[AbstractFileSystem, str]:
         """The filesystem and the path of `url` in it, opened in this process on first use (again after a fork)."""
-        fs, root = self._filesystem.open()
+        fs, root = self._fsspec.filesystem()
         return fs, root + self._subpath
+
+    def transport(self) -> Transport:
+        """What reads the objects under this location (and its parent's), by their URLs."""
+        return self._transport
 
     def child(self, name: str) -> tuple[str, str]:
         """The filesystem path and the URL of the object `name` under `url`."""

@@ -49,7 +49,7 @@ from ..format import header as fmt
 from ..format.checksum import crc32c
 from ..local.mapping import map_file
 from ..remote.cache import DamagedDownloadError
-from ..remote.filesystems import DEFAULT_ATTEMPTS, backoff_delay, download_file, object_info, read_range, read_ranges
+from ..remote.filesystems import DEFAULT_ATTEMPTS, backoff_delay
 from ..remote.location import RemoteLocation
 from .index import ShardIndex
 from .reader import FlatBatch, check_indices, decode_records, pack_flat, record_buffer
@@ -123,13 +123,11 @@ class RemoteShard(ShardReaderBase):
     # -- opening -----------------------------------------------------------------------------
 
     def _open(self) -> None:
-        fs, _ = self._location.filesystem()
-        data_path, data_url = self._location.sibling(fmt.DATA_SUFFIX)
-        index_path, index_url = self._location.sibling(fmt.INDEX_SUFFIX)
-        data = object_info(fs, data_path, url=data_url)
-        index = object_info(fs, index_path, url=index_url)
+        transport = self._location.transport()
+        data_url, index_url = self.path + fmt.DATA_SUFFIX, self.path + fmt.INDEX_SUFFIX
+        data, index = transport.object_info(data_url), transport.object_info(index_url)
         data_size, index_size = data.size, index.size
-        head = read_range(fs, index_path, 0, min(fmt.HEADER_SIZE, index_size), url=index_url, size=index_size)
+        head = transport.read_ranges(index_url, [(0, min(fmt.HEADER_SIZE, index_size))], size=index_size)[0]
         header = fmt.unpack_header(head, index_size=index_size, path=index_url)
         # No manifest: what the store says of each object (ETag, ...) and the whole header name this content.
         self._identity = f"shard; data [{data.tag}]; index [{index.tag}]; header {head.hex()}"
@@ -141,8 +139,7 @@ class RemoteShard(ShardReaderBase):
         the data object's `data_size` and its first and last 4 KiB, and map it. The data object is read from
         a local copy if `whole` (fetched now) or if the node cache holds one already and may (a shard opened
         again after a reader dropped it, or by another process of the node)."""
-        self._data_path, self.data_path = self._location.sibling(fmt.DATA_SUFFIX)
-        index_path, self.index_path = self._location.sibling(fmt.INDEX_SUFFIX)
+        self.data_path, self.index_path = self.path + fmt.DATA_SUFFIX, self.path + fmt.INDEX_SUFFIX
         self._data_map: mmap.mmap | bytes | None = None
         self._ranged_bytes = 0
         self._whole_requested_by: int | None = os.getpid()  # not while opening: the open's own edge reads are not the reader's
@@ -151,7 +148,7 @@ class RemoteShard(ShardReaderBase):
             self._map_whole_data(data_crc32c)
         elif self._fetch_whole_after is not None:
             self._map_cached_data(data_crc32c)
-        fd = self._fetch_and_open(self.index_path, index_size, index_crc32c, index_path)
+        fd = self._fetch_and_open(self.index_path, index_size, index_crc32c)
         try:
             edges = fmt.edge_ranges(data_size)  # (offset, length) pairs
             fetched = self._read_data([(offset, offset + length) for offset, length in edges], data_size)
@@ -292,9 +289,8 @@ class RemoteShard(ShardReaderBase):
         data_map = self._data_map
         if data_map is not None:
             return [data_map[start:end] for start, end in ranges]
-        fs, _ = self._location.filesystem()
         try:
-            pieces = read_ranges(fs, self._data_path, ranges, url=self.data_path, size=size)
+            pieces = self._location.transport().read_ranges(self.data_path, ranges, size=size)
         except (MissingFileError, StorageError):  # a replacing dataset's shorter object fails the ranges as well
             self._replaced_check()
             raise
@@ -341,7 +337,7 @@ class RemoteShard(ShardReaderBase):
             self._map_whole_data(self.header.data_crc32c)
 
     def _map_whole_data(self, data_crc32c: int) -> None:
-        fd = self._fetch_and_open(self.data_path, self._data_size, data_crc32c, self._data_path)
+        fd = self._fetch_and_open(self.data_path, self._data_size, data_crc32c)
         try:
             self._data_map = map_file(fd, self._data_size)
         finally:
@@ -365,18 +361,18 @@ class RemoteShard(ShardReaderBase):
         finally:
             os.close(fd)
 
-    def _fetch_and_open(self, url: str, size: int, crc32c: int, fs_path: str) -> int:
+    def _fetch_and_open(self, url: str, size: int, crc32c: int) -> int:
         """A descriptor of the node cache's copy of the object at `url`, downloaded (never more than `size` bytes
         read, on s3://) if no process on this node has it, and opened before any eviction can remove it (however
         small the cache limit and however many readers share it). A download failing its size or CRC32C is
         fetched again, with backoff, up to `DEFAULT_ATTEMPTS` times in all, unless the dataset was replaced
         meanwhile (`_replaced_check` raises)."""
-        fs, _ = self._location.filesystem()
+        transport = self._location.transport()
         attempt = 1
         while True:
             try:
                 return self._location.cache.open(
-                    url, size, crc32c, lambda temporary: download_file(fs, fs_path, temporary, url=url, size=size),
+                    url, size, crc32c, lambda temporary: transport.download_file(url, temporary, size=size),
                     identity=self._identity,
                 )
             except DamagedDownloadError as error:
@@ -401,11 +397,10 @@ class RemoteShard(ShardReaderBase):
         """A shard opened alone, whose read failed: raise `DatasetReplacedError` if its index header is no longer
         the one this reader opened (one HEAD and one 64-byte GET). If storage does not answer, the read's own
         error stands."""
-        fs, _ = self._location.filesystem()
-        index_path, index_url = self._location.sibling(fmt.INDEX_SUFFIX)
+        transport, index_url = self._location.transport(), self.path + fmt.INDEX_SUFFIX
         try:
-            size = object_info(fs, index_path, url=index_url).size
-            head = read_range(fs, index_path, 0, min(fmt.HEADER_SIZE, size), url=index_url, size=size)
+            size = transport.object_info(index_url).size
+            head = transport.read_ranges(index_url, [(0, min(fmt.HEADER_SIZE, size))], size=size)[0]
         except MissingFileError:
             head = b""
         except StorageError:

@@ -1,0 +1,88 @@
+"""The reads a remote reader makes, behind one interface that more than one client serves.
+
+A `Transport` reads objects under one root URL, each named by its own URL: ranged reads, a small object whole,
+a download to a local file, a HEAD. `FsspecTransport` makes them through fsspec (`filesystems`), for every
+scheme fsspec knows; a native client may serve the schemes it supports (`transport_for` chooses). Every
+transport follows the rules of `filesystems`: the same retries with backoff, the same deadline per request,
+exact-length bodies, and the same errors (`MissingFileError`, `StorageError`, naming the URL).
+
+Writes (uploads, listings, deletes) stay on fsspec: they are few and not on a training run's path.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Protocol, Sequence
+
+from . import filesystems
+from .filesystems import StoredObject
+
+class Transport(Protocol):
+    """Reads of the objects under one root URL, retried and bounded as `filesystems` says."""
+
+    def read_ranges(self, url: str, ranges: Sequence[tuple[int, int]], *, size: int) -> list[bytes]:
+        """The bytes of each [start, end) of the object `url`, `size` bytes long (ranges outside it are refused
+        unsent); near ranges share a request, requests run concurrently."""
+        ...
+
+    def read_object(self, url: str, *, max_size: int) -> bytes:
+        """The object `url` whole in one GET, or its first `max_size + 1` bytes if it is longer."""
+        ...
+
+    def download_file(self, url: str, local_path: str, *, size: int) -> None:
+        """The object `url`, which must be `size` bytes, copied to `local_path` (never more than `size` bytes
+        written; a failure may leave a partial file)."""
+        ...
+
+    def object_info(self, url: str) -> StoredObject:
+        """The object's size and tag, asked afresh (one HEAD)."""
+        ...
+
+
+class FsspecTransport:
+    """`Transport` through the fsspec filesystem of the root URL, opened on first use in each process."""
+
+    name = "fsspec"
+
+    def __init__(self, root_url: str, storage_options: dict[str, Any]) -> None:
+        self._root_url = root_url.rstrip("/")
+        self._storage_options = storage_options
+        self._opened: tuple[int, Any, str] | None = None
+        self._lock = threading.Lock()
+
+    def filesystem(self) -> tuple[Any, str]:
+        """The fsspec filesystem and the root URL's path in it, opened in this process (again after a fork)."""
+        opened = self._opened
+        if opened is None or opened[0] != os.getpid():
+            with self._lock:
+                fs, path = filesystems.open_filesystem(self._root_url, self._storage_options)
+                self._opened = opened = (os.getpid(), fs, path.rstrip("/"))
+        return opened[1], opened[2]
+
+    def path_of(self, url: str) -> str:
+        """The filesystem path of the object `url`, which lies under the root URL."""
+        fs, root = self.filesystem()
+        return root + url[len(self._root_url) :]
+
+    def read_ranges(self, url: str, ranges: Sequence[tuple[int, int]], *, size: int) -> list[bytes]:
+        fs, _ = self.filesystem()
+        return filesystems.read_ranges(fs, self.path_of(url), ranges, url=url, size=size)
+
+    def read_object(self, url: str, *, max_size: int) -> bytes:
+        fs, _ = self.filesystem()
+        return filesystems.read_object(fs, self.path_of(url), url=url, max_size=max_size)
+
+    def download_file(self, url: str, local_path: str, *, size: int) -> None:
+        fs, _ = self.filesystem()
+        filesystems.download_file(fs, self.path_of(url), local_path, url=url, size=size)
+
+    def object_info(self, url: str) -> StoredObject:
+        fs, _ = self.filesystem()
+        return filesystems.object_info(fs, self.path_of(url), url=url)
+
+
+def transport_for(root_url: str, storage_options: dict[str, Any], fsspec_transport: FsspecTransport) -> Transport:
+    """The transport that reads under `root_url`: fsspec's (`fsspec_transport`, which the location also writes
+    through) unless a native client serves the scheme better."""
+    return fsspec_transport
