@@ -13,7 +13,9 @@ it enforces, and the reader is staged as the spec is, so a test can tell
   the header's agreement with its entry), and the rest of a shard's open checks before its first read.
 
 `read_shard` and `read_dataset` do all three and return everything, decoded.
-Clarity over speed: it reads whole files and decodes MessagePack in Python.
+Clarity over speed: it reads whole files and decodes MessagePack in Python. Compressed shards (format 2.0,
+§1.6) are read with its own parse of zstd frame headers and blocks; only decoding a frame's blocks is left to a
+zstd library (python-zstandard: RFC 8878 defines what it decodes).
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ import numpy as np
 MAGIC = b"\x89VSI\r\n\x1a\n"
 ALLOWED_DTYPES = {"|b1", "|i1", "|u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8", "<f2", "<f4", "<f8", "<c8", "<c16"}
 CODEC_NAMES = {0: "bytes", 1: "str", 2: "ndarray", 3: "msgpack"}
+COMPRESSION_NAMES = {1: "zstd", 2: "zstd-dict"}
+FRAME_MAGIC = b"\x28\xb5\x2f\xfd"
+DICTIONARY_MAGIC = b"\x37\xa4\x30\xec"
 MAX_METADATA_SIZE = 16 << 20
 MAX_JSON_DEPTH = 64
 MAX_MSGPACK_DEPTH = 512
@@ -89,6 +94,28 @@ def crc32c_combine(crc_a: int, crc_b: int, length_b: int) -> int:
 # -- strict JSON (§1.4) -----------------------------------------------------------------------
 
 
+STRUCTURE_COSTS = {"{": 144, "[": 80, ":": 48, ",": 8}  # §1.4's memory rule, per character outside strings
+
+
+def json_structure_cost(text: str) -> int:
+    """§1.4's cost of a JSON text: 144 per `{`, 80 per `[`, 48 per `:`, 8 per `,`, outside strings."""
+    cost = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        else:
+            cost += STRUCTURE_COSTS.get(char, 0)
+    return cost
+
+
 def json_depth(text: str) -> int:
     """How deep arrays and objects nest, counting brackets outside strings, without parsing."""
     depth = deepest = 0
@@ -142,6 +169,8 @@ def parse_strict_json(raw: bytes, rule: str) -> Any:
     except UnicodeDecodeError as error:
         raise SpecError(rule, f"JSON is not valid UTF-8: {error}") from None
     require(json_depth(text) <= MAX_JSON_DEPTH, rule, f"JSON nests deeper than {MAX_JSON_DEPTH}")
+    limit = 16 * len(raw) + (128 << 10)
+    require(json_structure_cost(text) <= limit, rule, f"JSON structure costs over 16 x its {len(raw)} bytes + 128 KiB")
     try:
         value = json.loads(
             text, parse_constant=constant, parse_float=finite, parse_int=integer, object_pairs_hook=unique_members
@@ -219,9 +248,39 @@ def _array_of(dtype: np.dtype, body: bytes, shape: tuple[int, ...], rule: str) -
 def decode_msgpack(payload: bytes) -> Any:
     """Exactly one MessagePack object under §2.2: str or integer keys, none twice, containers nested at most 512
     deep and claiming no more elements than bytes remain, extension type 1 only."""
-    value, end = _unpack(payload, 0, 0)
+    spent = [0]
+    value, end = _unpack(payload, 0, 0, spent)
     require(end == len(payload), "§2.2", f"{len(payload) - end} bytes follow the object")
+    limit = 16 * len(payload) + 131072
+    require(spent[0] <= limit, "§2.2", f"its objects cost {spent[0]}, over 16 x its {len(payload)} bytes + 131072 = {limit}")
     return value
+
+
+def _cost(data: bytes, position: int) -> int:
+    """§2.2's memory cost of the object whose first byte is at `position`, without its elements."""
+    tag = data[position]
+    if 0x80 <= tag <= 0x8F or tag in (0xDE, 0xDF):
+        entries = tag & 0x0F if tag <= 0x8F else _unsigned(data, position + 1, 2 if tag == 0xDE else 4)
+        return 144 + 72 * entries
+    if 0x90 <= tag <= 0x9F or tag in (0xDC, 0xDD):
+        return 80
+    if tag <= 0x7F or tag >= 0xFB or tag in (0xC0, 0xC2, 0xC3, 0xCC):
+        return 8
+    if tag >= 0xE0 or 0xCA <= tag <= 0xD3:
+        return 40
+    if 0xA0 <= tag <= 0xBF or 0xD9 <= tag <= 0xDB:
+        header = 1 if tag <= 0xBF else 1 + (1 << (tag - 0xD9))
+        length = tag & 0x1F if tag <= 0xBF else _unsigned(data, position + 1, header - 1)
+        text = _take(data, position + header, length)
+        return 8 if length <= 1 else 72 + length if text.isascii() else 88 + 4 * length
+    if 0xC4 <= tag <= 0xC6:
+        length = _unsigned(data, position + 1, 1 << (tag - 0xC4))
+        return 8 if length <= 1 else 56 + length
+    if 0xC7 <= tag <= 0xC9:
+        return 288 + 3 * _unsigned(data, position + 1, 1 << (tag - 0xC7))
+    if 0xD4 <= tag <= 0xD8:
+        return 288 + 3 * (1 << (tag - 0xD4))
+    return 0  # c1, which _unpack refuses
 
 
 def _take(data: bytes, position: int, size: int) -> bytes:
@@ -233,9 +292,11 @@ def _unsigned(data: bytes, position: int, size: int) -> int:
     return int.from_bytes(_take(data, position, size), "big")
 
 
-def _unpack(data: bytes, position: int, depth: int) -> tuple[Any, int]:
-    """The object at `position` and the position after it; `depth` counts the containers around it."""
+def _unpack(data: bytes, position: int, depth: int, spent: list[int]) -> tuple[Any, int]:
+    """The object at `position` and the position after it; `depth` counts the containers around it, `spent[0]`
+    sums §2.2's costs of the objects unpacked so far."""
     tag = _take(data, position, 1)[0]
+    spent[0] += _cost(data, position)
     position += 1
     if 0x80 <= tag <= 0x9F or 0xDC <= tag <= 0xDF:  # fixmap, fixarray, array 16/32, map 16/32
         is_map = tag < 0x90 or tag >= 0xDE
@@ -248,7 +309,7 @@ def _unpack(data: bytes, position: int, depth: int) -> tuple[Any, int]:
         require(count <= len(data) - position, "§2.2", f"a container claims {count} elements, more than the bytes left")
         items = []
         for _ in range(2 * count if is_map else count):
-            item, position = _unpack(data, position, depth + 1)
+            item, position = _unpack(data, position, depth + 1, spent)
             items.append(item)
         return (_map(items) if is_map else items), position
     if tag <= 0x7F or tag >= 0xE0:
@@ -332,6 +393,8 @@ class Shard:
     metadata: dict
     offsets: tuple[int, ...]
     checksums: tuple[int, ...] | None
+    sizes: tuple[int, ...] | None = None  # a compressed shard's decoded sizes (§1.6)
+    dictionary: bytes = b""
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -341,7 +404,9 @@ class Shard:
         require(0 <= i < len(self), "§1.3 read", f"record {i} does not exist")
         start, end = self.offsets[i], self.offsets[i + 1]
         require(start <= end <= len(self.data), "§1.3 read", f"record {i} has offsets [{start}, {end})")
-        return decode_record(self.codec, self.data[start:end])
+        if self.sizes is None:
+            return decode_record(self.codec, self.data[start:end])
+        return decode_record(self.codec, decompress_frame(self.data[start:end], self.sizes[i], self.dictionary))
 
     def verify(self) -> None:
         """Full verification (§1.3): every byte and every read rule for every record."""
@@ -378,39 +443,128 @@ def check_header(index: bytes) -> dict:
     """§1.3 steps 1 to 6: the header's own checks and the index file's size; the header's fields."""
     require(len(index) >= 64 and index[:8] == MAGIC, "§1.3 step 1", "index shorter than 64 bytes or wrong magic")
     header = dict(zip(HEADER_FIELDS, HEADER.unpack_from(index)))
-    require(header["major_version"] == 1, "§1.3 step 2", f"major version {header['major_version']}")
+    major = header["major_version"]
+    require(major in (1, 2), "§1.3 step 2", f"major version {major}")
     require(header["header_crc32c"] == crc32c(index[:60]), "§1.3 step 3", "header_crc32c")
-    require(header["reserved"] == 0 and header["reserved_tail"] == bytes(8), "§1.3 step 4", "reserved fields are not zero")
+    header["dictionary_size"], header["dictionary_crc32c"] = struct.unpack("<II", header["reserved_tail"])
+    header["compression"] = header["reserved"] if major == 2 else 0
+    if major == 1:
+        require(header["reserved"] == 0 and header["reserved_tail"] == bytes(8), "§1.3 step 4", "reserved fields are not zero")
     require(header["flags"] & ~1 == 0, "§1.3 step 4", f"unknown flags {header['flags']:#x}")
+    if major == 2:
+        compression, size = header["compression"], header["dictionary_size"]
+        require(compression in (1, 2), "§1.3 step 4", f"compression {compression}")
+        require(compression == 2 or (size == 0 and header["dictionary_crc32c"] == 0), "§1.3 step 4", "dictionary fields without a dictionary")
+        require(compression == 1 or 8 <= size <= 1 << 20, "§1.3 step 4", f"dictionary_size {size}")
     metadata_size, count, has_checksums = header["metadata_size"], header["record_count"], header["flags"] & 1
     require(metadata_size <= MAX_METADATA_SIZE and header["data_size"] < 1 << 63, "§1.3 step 5", "metadata_size or data_size too large")
-    offsets_start = (64 + metadata_size + 7) // 8 * 8
+    offsets_start = _layout(header)["offsets_start"]
     require(len(index) >= offsets_start + 8, "§1.3 step 6", f"index of {len(index)} bytes ends before offsets[0]")
-    require(count <= (len(index) - offsets_start - 8) // (12 if has_checksums else 8), "§1.3 step 6", f"{count} records cannot fit")
-    checksums_start = offsets_start + 8 * (count + 1)
-    require(len(index) == checksums_start + (4 * count if has_checksums else 0), "§1.3 step 6", "index size")
+    per_record = 8 + (4 if has_checksums else 0) + (4 if header["compression"] else 0)
+    require(count <= (len(index) - offsets_start - 8) // per_record, "§1.3 step 6", f"{count} records cannot fit")
+    require(len(index) == _layout(header)["end"], "§1.3 step 6", "index size")
     return header
+
+
+def _layout(header: dict) -> dict:
+    """Where each section of the index starts (§1.1, §1.6), and where the file ends."""
+    count, has_checksums = header["record_count"], header["flags"] & 1
+    dictionary_start = (64 + header["metadata_size"] + 7) // 8 * 8
+    offsets_start = (dictionary_start + header["dictionary_size"] + 7) // 8 * 8
+    checksums_start = offsets_start + 8 * (count + 1)
+    sizes_start = checksums_start + (4 * count if has_checksums else 0)
+    end = sizes_start + (4 * count if header["compression"] else 0)
+    return {"dictionary_start": dictionary_start, "offsets_start": offsets_start, "checksums_start": checksums_start,
+            "sizes_start": sizes_start, "end": end}
 
 
 def _open_checked(index: bytes, data: bytes, header: dict) -> Shard:
     """§1.3 steps 7 to 10, for a header that passed steps 1 to 6: the shard, ready to read."""
     metadata_size, count, has_checksums = header["metadata_size"], header["record_count"], header["flags"] & 1
-    offsets_start = (64 + metadata_size + 7) // 8 * 8
-    checksums_start = offsets_start + 8 * (count + 1)
-    require(not any(index[64 + metadata_size : offsets_start]), "§1.3 step 7", "padding after the metadata is not zero")
+    layout = _layout(header)
+    offsets_start, checksums_start = layout["offsets_start"], layout["checksums_start"]
+    dictionary_start, dictionary_end = layout["dictionary_start"], layout["dictionary_start"] + header["dictionary_size"]
+    padding = index[64 + metadata_size : dictionary_start] + index[dictionary_end:offsets_start]
+    require(not any(padding), "§1.3 step 7", "padding after the metadata is not zero")
     metadata = parse_strict_json(index[64 : 64 + metadata_size], "§1.4")
     require(isinstance(metadata, dict), "§1.4", "metadata is not an object")
     require(isinstance(metadata.get("codec"), dict) and isinstance(metadata.get("user"), dict), "§1.4", '"codec" and "user" objects')
     require(header["codec"] in CODEC_NAMES, "§2", f"codec id {header['codec']}")
     codec = codec_from(CODEC_NAMES[header["codec"]], metadata["codec"], "§2")
+    dictionary = index[dictionary_start:dictionary_end]
+    if header["compression"]:
+        member, name = metadata.get("compression"), COMPRESSION_NAMES[header["compression"]]
+        require(isinstance(member, dict) and member.get("name") == name, "§1.6", f'"compression" {member!r}, header says {name}')
+        require(crc32c(dictionary) == header["dictionary_crc32c"], "§1.6", "dictionary_crc32c")
+        if header["compression"] == 2:
+            require(dictionary[:4] == DICTIONARY_MAGIC, "§1.6", "dictionary magic")
+            require(int.from_bytes(dictionary[4:8], "little") != 0, "§1.6", "Dictionary_ID 0")
     require(len(data) == header["data_size"], "§1.3 step 8", f"data file is {len(data)} bytes, header says {header['data_size']}")
-    require(codec.dtype is None or len(data) % codec.row_size == 0, "§1.3 step 8", "data size is not whole rows")
+    require(codec.dtype is None or header["compression"] or len(data) % codec.row_size == 0, "§1.3 step 8", "data size is not whole rows")
     offsets = struct.unpack_from(f"<{count + 1}Q", index, offsets_start)
     require(offsets[0] == 0 and offsets[-1] == len(data), "§1.3 step 9", f"offsets run from {offsets[0]} to {offsets[-1]}")
     edge = min(4096, len(data))
     require(crc32c(data[:edge] + data[len(data) - edge :]) == header["data_edge_crc32c"], "§1.3 step 10", "data_edge_crc32c")
     checksums = struct.unpack_from(f"<{count}I", index, checksums_start) if has_checksums else None
-    return Shard(index, data, header, codec, metadata, offsets, checksums)
+    sizes = struct.unpack_from(f"<{count}I", index, layout["sizes_start"]) if header["compression"] else None
+    return Shard(index, data, header, codec, metadata, offsets, checksums, sizes, dictionary)
+
+
+def frame_facts(frame: bytes) -> dict:
+    """The header of the zstd frame `frame` (RFC 8878 §3.1.1.1), and where the frame ends (after its blocks
+    and optional checksum, §3.1.1.2), or a §1.6 refusal."""
+    rule = "§1.6"
+    require(len(frame) >= 6 and frame[:4] == FRAME_MAGIC, rule, "no zstd frame magic")
+    descriptor = frame[4]
+    require(not descriptor & 0x08, rule, "reserved bit of the frame header descriptor")
+    single = bool(descriptor & 0x20)
+    position, window = 5, None
+    if not single:
+        exponent, mantissa = frame[5] >> 3, frame[5] & 7
+        window = (1 << (10 + exponent)) + ((1 << (10 + exponent)) // 8) * mantissa
+        position = 6
+    id_bytes = [0, 1, 2, 4][descriptor & 3]
+    size_bytes = [1 if single else 0, 2, 4, 8][descriptor >> 6]
+    require(position + id_bytes + size_bytes <= len(frame), rule, "the record ends inside the frame header")
+    dictionary_id = int.from_bytes(frame[position : position + id_bytes], "little")
+    position += id_bytes
+    content = None
+    if size_bytes:
+        content = int.from_bytes(frame[position : position + size_bytes], "little") + (256 if size_bytes == 2 else 0)
+        position += size_bytes
+    block_maximum = min(window if window is not None else content or 0, 128 << 10)
+    while True:
+        require(position + 3 <= len(frame), rule, "the record ends inside a block header")
+        block = int.from_bytes(frame[position : position + 3], "little")
+        last, kind, size = block & 1, (block >> 1) & 3, block >> 3
+        require(kind != 3, rule, "a block of the reserved type")
+        require(size <= block_maximum, rule, f"a block of {size} bytes over the maximum {block_maximum}")
+        position += 3 + (1 if kind == 1 else size)
+        if last:
+            break
+    position += 4 if descriptor & 0x04 else 0
+    require(position <= len(frame), rule, "the record ends inside the frame")
+    return {"content_size": content, "dictionary_id": dictionary_id, "window_size": window, "end": position}
+
+
+def decompress_frame(frame: bytes, size: int, dictionary: bytes) -> bytes:
+    """A compressed record's payload: its frame checked against §1.6 (content size declared and equal to `size`, the
+    shard's dictionary or none, window, nothing after the frame), then decoded to exactly `size` bytes."""
+    import zstandard  # RFC 8878 defines the decoding; only the blocks' decoding is the library's
+
+    facts = frame_facts(frame)
+    require(facts["content_size"] == size, "§1.6", f"Frame_Content_Size {facts['content_size']}, sizes[i] {size}")
+    expected_id = int.from_bytes(dictionary[4:8], "little") if dictionary else 0
+    require(facts["dictionary_id"] == expected_id, "§1.6", f"Dictionary_ID {facts['dictionary_id']}, expected {expected_id}")
+    require(facts["window_size"] is None or facts["window_size"] <= 1 << 23, "§1.6", "window over 8 MiB")
+    require(facts["end"] == len(frame), "§1.6", f"{len(frame) - facts['end']} bytes after the frame")
+    options = {"dict_data": zstandard.ZstdCompressionDict(dictionary, dict_type=zstandard.DICT_TYPE_FULLDICT)} if dictionary else {}
+    try:
+        payload = zstandard.ZstdDecompressor(**options).decompress(frame, max_output_size=size)
+    except zstandard.ZstdError as error:
+        raise SpecError("§1.6", f"the frame does not decode: {error}") from None
+    require(len(payload) == size, "§1.6", f"decoded {len(payload)} bytes, sizes[i] {size}")
+    return payload
 
 
 def read_shard(prefix: str) -> dict:
@@ -420,6 +574,7 @@ def read_shard(prefix: str) -> dict:
     header = shard.header
     return {
         "format_version": [header["major_version"], header["minor_version"]],
+        "compression": COMPRESSION_NAMES.get(header["compression"], "none"),
         "codec": header["codec"],
         "codec_params": shard.metadata["codec"],
         "metadata": shard.metadata["user"],

@@ -364,7 +364,7 @@ def test_folder_file_over_max_record_bytes_is_refused_before_it_is_read(capsys, 
     (tmp_path / "images" / "a.jpg").write_bytes(b"a" * 1024)
     (tmp_path / "images" / "b.jpg").write_bytes(b"b" * 1025)
     reads = []
-    monkeypatch.setattr(sources.FolderSource, "_read", lambda self, path, real=sources.FolderSource._read: reads.append(path) or real(self, path))
+    monkeypatch.setattr(sources.FolderSource, "_record", lambda self, path, *framing, real=sources.FolderSource._record: reads.append(path) or real(self, path, *framing))
     code, _, err = run(capsys, "convert", tmp_path / "images", tmp_path / "ds", "--max-record-bytes", "1K")
     assert_one_line_error(code, err, "b.jpg: 1,025 bytes is over --max-record-bytes (1,024)")
     assert not (tmp_path / "ds").exists()
@@ -399,6 +399,8 @@ def test_folder_file_without_memory_to_read_it_is_one_line(capsys, tmp_path, mon
 
         def read(self, size):
             raise MemoryError
+
+        readinto = read
 
         def __enter__(self):
             return self

@@ -120,7 +120,7 @@ def test_keyboard_interrupt_inside_a_command_exits_130_in_one_line(capsys, tmp_p
     def interrupted(*args, **options):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("varstore.dataset.opening.open", interrupted)
+    monkeypatch.setattr("varstore.dataset.opening._open", interrupted)  # what open and open_setting_aside_damaged call
     monkeypatch.setattr("varstore.conversion.driver.ShardedWriter", interrupted)
     monkeypatch.setattr("varstore.operations.repair.read_manifest", interrupted)
     (tmp_path / "lines.txt").write_text("a\n")
@@ -132,12 +132,18 @@ def test_keyboard_interrupt_inside_a_command_exits_130_in_one_line(capsys, tmp_p
     assert not (tmp_path / "out").exists()
 
 
+def _default_sigint() -> None:
+    """In the child before exec: SIGINT's default disposition, whatever this process inherited (a suite started in
+    the background, `nohup ... &`, ignores SIGINT, and an exec'd program keeps ignoring a signal it inherits so)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_during_convert_exits_130_and_leaves_nothing(tmp_path):
     """A real SIGINT while convert waits for input: the signal lands inside the command, at a known point."""
     fifo = tmp_path / "lines.txt"
     os.mkfifo(fifo)
     with subprocess.Popen([str(CONSOLE_SCRIPT), "convert", str(fifo), str(tmp_path / "out")],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as process:
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_default_sigint) as process:
         try:
             with open(fifo, "w") as feed:  # returns once convert has opened its source, inside the command
                 feed.write("first line\n")

@@ -7,19 +7,15 @@ that faults nothing in. Skipped where the page cache cannot be observed or empti
 
 No test here assumes what the page cache holds or how fast the kernel reads: each one
 sets the state it starts from and checks it with `mincore` (`evict`, `cache_all`,
-`cache_only_the_page_at`, `cache_all_but_the_page_at`); the open's probes are answered
-as that state is when they ask (`open_as_probed`: on a fast disk a probe's own read of a
-cold page can finish before the probe returns, see `answer_probes_from_the_page_cache`);
-the advice the open gives is recorded; and the kernel's reading of that advice is waited
-for with no time expected of it, `RESIDENCY_SAFETY_NET_S` only failing clearly instead of
-hanging.
+`cache_only_the_page_at`, `cache_all_but_the_page_at`), which the open's own probe
+(`looks_cached`, a `mincore` too) finds as it was set; the advice the open gives is
+recorded; and the kernel's reading of that advice is waited for with no time expected
+of it, `RESIDENCY_SAFETY_NET_S` only failing clearly instead of hanging.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import errno
 import mmap
 import os
 import sys
@@ -48,7 +44,6 @@ RESIDENCY_SAFETY_NET_S = 120.0
 STATE_ATTEMPTS = 5
 # The functions the tests' spies stand in for: the helpers that set page-cache states always call these.
 _REAL_FADVISE = getattr(os, "posix_fadvise", None)
-_REAL_PREADV = getattr(os, "preadv", None)
 Advice = tuple[str, int, int, int]  # (path of the descriptor, offset, length, advice)
 
 
@@ -199,50 +194,20 @@ def watch_advice(monkeypatch: pytest.MonkeyPatch, *, give: bool) -> list[Advice]
     return advised
 
 
-def answer_probes_from_the_page_cache(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
-    """From now on, answer every RWF_NOWAIT read of `path` (`looks_cached`'s probes) as `mincore` shows its page
-    just before it: 1 byte read if the page is resident, EAGAIN if not.
-
-    Each read is still done as asked (its effects on the page cache are the open's), but the
-    page cache, not a race inside the read, decides the answer: a probe of a cold page starts
-    reading it in, and a fast disk (a virtual one backed by the host's cache) can finish that
-    before the probe returns, which then finds the cold page cached; on a quiet machine most
-    probes of a cold page may do so, and `looks_cached` then judges a cold index cached (a
-    weakness of the probe, not of the open's use of it, which is what these tests are about).
-    A cached page locked for a moment would answer EAGAIN; it is answered as cached."""
-    target = os.path.realpath(path)
-
-    def probing(fd: int, buffers: list, position: int, flags: int = 0) -> int:
-        if not flags & getattr(os, "RWF_NOWAIT", 0) or _path_of(fd) != target or position >= path.stat().st_size:
-            return _REAL_PREADV(fd, buffers, position, flags)
-        resident = resident_pages(path)[position // PAGE]
-        with contextlib.suppress(BlockingIOError):
-            _REAL_PREADV(fd, buffers, position, flags)
-        if not resident:
-            raise BlockingIOError(errno.EAGAIN, os.strerror(errno.EAGAIN))
-        return 1
-
-    monkeypatch.setattr(os, "preadv", probing)
-
-
 def open_as_probed(
-    open_shards: Callable[[], None], establish: Callable[[], object], index: Path, monkeypatch: pytest.MonkeyPatch,
-    *, give_advice: bool = False,
+    open_shards: Callable[[], None], establish: Callable[[], object], monkeypatch: pytest.MonkeyPatch, *,
+    give_advice: bool = False,
 ) -> list[Advice]:
-    """`establish()` a page-cache state of `index`, then `open_shards()` with the probes of `index` answered as the
-    page cache is when they ask (`answer_probes_from_the_page_cache`); the advice given meanwhile (given to the kernel too if
-    `give_advice`). An open that misjudges its probes' answers, or probes a page its own reads brought in (the bug
-    of an index without checksums), fails the tests as before."""
+    """`establish()` a page-cache state, then `open_shards()`; the advice given meanwhile (given to the
+    kernel too if `give_advice`). An open that misjudges its probe's answer, or probes a page its own reads brought
+    in (the bug of an index without checksums), fails the tests."""
     monkeypatch.setattr(os, "posix_fadvise", _REAL_FADVISE)
-    monkeypatch.setattr(os, "preadv", _REAL_PREADV)
     establish()
     advised = watch_advice(monkeypatch, give=give_advice)
-    answer_probes_from_the_page_cache(monkeypatch, index)
     try:
         open_shards()
     finally:
         monkeypatch.setattr(os, "posix_fadvise", _REAL_FADVISE)
-        monkeypatch.setattr(os, "preadv", _REAL_PREADV)
     return advised
 
 
@@ -286,7 +251,7 @@ def test_open_reads_an_index_under_the_limit_into_the_page_cache(tmp_path: Path,
         with varstore.open(tmp_path / "shard"):
             pass
 
-    advised = open_as_probed(open_shard, lambda: evict(index, data), index, monkeypatch, give_advice=True)
+    advised = open_as_probed(open_shard, lambda: evict(index, data), monkeypatch, give_advice=True)
     assert advised_bytes(advised, index) == whole_file_in_chunks(index.stat().st_size)
     wait_until_resident(index)  # no read touched the index: the open's advice brought it all
     with varstore.open(tmp_path / "shard") as reader:
@@ -302,8 +267,8 @@ def test_open_leaves_an_index_over_the_limit_to_fault_in_page_by_page(tmp_path: 
         with varstore.open(tmp_path / "large"), varstore.open(tmp_path / "small"):
             pass
 
-    advised = open_as_probed(open_both, lambda: evict(large_index, large_data, small_index, small_data), small_index,
-                             monkeypatch, give_advice=True)
+    advised = open_as_probed(open_both, lambda: evict(large_index, large_data, small_index, small_data), monkeypatch,
+                             give_advice=True)
     assert advised_bytes(advised, large_index) == []
     assert advised_bytes(advised, small_index) == whole_file_in_chunks(small_index.stat().st_size)
     # The small index, advised after the large one opened, arriving whole shows that advice would have landed.
@@ -327,23 +292,13 @@ def test_prefetch_index_gives_no_advice_over_the_limit(monkeypatch: pytest.Monke
 
 def test_open_of_a_cached_index_gives_no_advice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The advice walks every page even when all are cached: a warm open must not pay for it (open stays O(1))."""
-    if not hasattr(os, "RWF_NOWAIT"):
-        pytest.skip("no RWF_NOWAIT: the page cache cannot be asked without waiting")
     index, _ = write_shard(tmp_path / "shard")
-    cache_all(index)
-    fd = os.open(index, os.O_RDONLY)
-    try:
-        os.preadv(fd, [bytearray(1)], 0, os.RWF_NOWAIT)
-    except OSError as error:  # tmpfs: EOPNOTSUPP, and the open advises every index there
-        pytest.skip(f"this file system refuses RWF_NOWAIT reads, so no index looks cached: {error}")
-    finally:
-        os.close(fd)
 
     def open_and_read() -> None:
         with varstore.open(tmp_path / "shard") as reader:
             assert reader[RECORDS - 1] == b"\0"
 
-    assert open_as_probed(open_and_read, lambda: cache_all(index), index, monkeypatch) == []  # every page cached
+    assert open_as_probed(open_and_read, lambda: cache_all(index), monkeypatch) == []  # every page cached
 
 
 def test_open_advises_an_index_whose_last_page_was_evicted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -353,6 +308,5 @@ def test_open_advises_an_index_whose_last_page_was_evicted(tmp_path: Path, monke
         with varstore.open(tmp_path / "shard"):
             pass
 
-    advised = open_as_probed(open_shard, lambda: cache_all_but_the_page_at(index, index.stat().st_size - 1), index,
-                             monkeypatch)
+    advised = open_as_probed(open_shard, lambda: cache_all_but_the_page_at(index, index.stat().st_size - 1), monkeypatch)
     assert sum(length for _, _, length, _ in advised) == index.stat().st_size

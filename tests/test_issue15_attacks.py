@@ -1,7 +1,7 @@
 """Attacks on issue 15's recent changes, as a hostile or unlucky user would make them.
 
-1. `prefetch_index` / `looks_cached`: two ``RWF_NOWAIT`` one-byte reads decide whether an index is
-   cached; only a cold index of at most `PREFETCH_LIMIT` bytes is advised.
+1. `prefetch_index` / `looks_cached`: ``mincore`` of the pages holding an index's middle and last bytes decides
+   whether it is cached; only a cold index of at most `PREFETCH_LIMIT` bytes is advised.
 2. `codecs._unpack_array`: a msgpack array header decoded before is not parsed again (`_ARRAY_HEADERS`); on every
    input it must behave exactly as the uncached `_parse_array`.
 3. `collate.stored_tensor_batch` / `RecordDataset._samples_from`: a batch of ndarray records becomes tensors with one
@@ -12,14 +12,14 @@
 Six bugs the attack found are fixed and their tests pass: a size-0 probe at offset -1, an index without
 checksums judged after the open had read its last page, batch samples sharing one autograd version counter and one
 storage (saving one sample saved the batch), a conj-bit tensor beside a numpy sample, a sparse sample reaching
-``torch.cat``. On tmpfs the probe is refused (EOPNOTSUPP) and the index is advised at every open, as before.
+``torch.cat``. On tmpfs the pages are the file: an index there looks cached and is not advised.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import errno
+import ctypes
 import io
 import itertools
 import mmap
@@ -41,12 +41,12 @@ from torch.utils.data import DataLoader
 import varstore
 from varstore.format import codecs as codecs_module
 from varstore.format import header as fmt
-from varstore.shard import index as shard_index
 from varstore.format.codecs import ALLOWED_DTYPES, MsgpackCodec
 from varstore.torch import RecordDataset, collate_jagged, collate_padded
 from varstore.torch import collate as collate_module
 
 from .test_index_prefetch import cache_only_the_page_at, evict, open_as_probed, resident_fraction, resident_pages
+from varstore.local import mapping
 from varstore.local.mapping import PREFETCH_LIMIT, looks_cached, prefetch_index
 
 LINUX = sys.platform.startswith("linux")
@@ -61,10 +61,7 @@ WORKER_TEST_TIMEOUT = WORKER_SAFETY_NET_S + 300
 # 1. Index prefetch: `looks_cached` and `prefetch_index`
 # ======================================================================================================
 
-needs_nowait = pytest.mark.skipif(
-    not LINUX or not hasattr(os, "RWF_NOWAIT") or not hasattr(os, "posix_fadvise"),
-    reason="needs Linux preadv2 RWF_NOWAIT and posix_fadvise",
-)
+needs_mincore = pytest.mark.skipif(not LINUX or not hasattr(os, "posix_fadvise"), reason="needs Linux mincore and posix_fadvise")
 
 
 def write_byte_shard(path: Path, records: int, *, checksums: bool = True) -> tuple[Path, Path]:
@@ -82,7 +79,7 @@ def recorded_advice(monkeypatch: pytest.MonkeyPatch):
     yield advised
 
 
-@needs_nowait
+@needs_mincore
 def test_probe_of_a_pipe_says_not_cached_raises_nothing_and_consumes_no_byte():
     read_end, write_end = os.pipe()
     try:
@@ -95,7 +92,7 @@ def test_probe_of_a_pipe_says_not_cached_raises_nothing_and_consumes_no_byte():
         os.close(write_end)
 
 
-@needs_nowait
+@needs_mincore
 def test_probe_of_a_directory_or_closed_descriptor_never_raises(tmp_path):
     directory = os.open(tmp_path, os.O_RDONLY)
     try:
@@ -109,24 +106,20 @@ def test_probe_of_a_directory_or_closed_descriptor_never_raises(tmp_path):
     assert prefetch_index(closed, 100) is False  # EBADF from the advice is swallowed
 
 
-@needs_nowait
-def test_probe_of_a_one_byte_file_reads_that_byte_and_leaves_the_file_offset_alone(tmp_path):
+@needs_mincore
+def test_probe_of_a_cached_one_byte_file_says_cached_and_leaves_the_file_offset_alone(tmp_path):
     path = tmp_path / "one"
     path.write_bytes(b"z")
     fd = os.open(path, os.O_RDONLY)
     try:
         os.pread(fd, 1, 0)  # cached
-        try:
-            os.preadv(fd, [bytearray(1)], 0, os.RWF_NOWAIT)
-        except OSError as error:
-            pytest.skip(f"this file system refuses RWF_NOWAIT reads: {error}")
         assert looks_cached(fd, 1) is True
         assert os.lseek(fd, 0, os.SEEK_CUR) == 0
     finally:
         os.close(fd)
 
 
-@needs_nowait
+@needs_mincore
 def test_probe_of_an_empty_file_says_cached_and_advises_nothing(tmp_path):
     path = tmp_path / "empty"
     path.write_bytes(b"")
@@ -139,7 +132,7 @@ def test_probe_of_an_empty_file_says_cached_and_advises_nothing(tmp_path):
         os.close(fd)
 
 
-@needs_nowait
+@needs_mincore
 def test_probe_with_a_size_of_zero_never_moves_the_file_offset(tmp_path):
     path = tmp_path / "grew"
     path.write_bytes(b"abcdef")  # the file grew after its size (0) was taken
@@ -152,7 +145,7 @@ def test_probe_with_a_size_of_zero_never_moves_the_file_offset(tmp_path):
         os.close(fd)
 
 
-@needs_nowait
+@needs_mincore
 def test_a_file_truncated_after_its_size_was_taken_is_advised_not_refused(tmp_path):
     path = tmp_path / "shrunk"
     path.write_bytes(bytes(10_000))
@@ -177,35 +170,49 @@ def test_an_index_of_exactly_the_limit_is_advised_one_byte_over_is_not(monkeypat
         assert advised == []
 
 
-@pytest.mark.parametrize("failure", [errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.EAGAIN])
-def test_a_probe_the_file_system_refuses_means_advice_and_open_still_works(tmp_path, monkeypatch, failure):
+class RefusingLibc:
+    """A C library whose `mmap` of a page fails, or whose `mincore` fails or finds the page absent (`failing`)."""
+
+    def __init__(self, failing: str) -> None:
+        self.failing = failing
+
+    def mmap(self, address, length, protection, flags, fd, offset):
+        return ctypes.c_void_p(-1).value if self.failing == "mmap" else 4096
+
+    def mincore(self, address, length, vector):
+        if self.failing == "mincore":
+            return -1
+        vector.raw = b"\x00"  # "absent": the resident bit clear
+        return 0
+
+    def munmap(self, address, length):
+        return 0
+
+
+@pytest.mark.parametrize("failing", ["mmap", "mincore", "absent"])
+def test_a_probe_that_cannot_tell_or_finds_a_page_absent_means_advice_and_open_still_works(tmp_path, monkeypatch,
+                                                                                            failing):
     index, _ = write_byte_shard(tmp_path / "shard", 1000)
-
-    def refusing(*arguments):
-        raise OSError(failure, os.strerror(failure))
-
-    monkeypatch.setattr(os, "preadv", refusing)
-    monkeypatch.setattr(os, "RWF_NOWAIT", 8, raising=False)
+    monkeypatch.setattr(mapping, "_libc", lambda: RefusingLibc(failing))
+    fd = os.open(index, os.O_RDONLY)
+    try:
+        assert looks_cached(fd, index.stat().st_size) is False
+    finally:
+        os.close(fd)
     with recorded_advice(monkeypatch) as advised:
         with varstore.open(tmp_path / "shard") as reader:
             assert reader[999] == b"\0"
     assert sum(length for _, _, length, _ in advised) == index.stat().st_size
 
 
-def test_without_rwf_nowait_every_index_under_the_limit_is_advised(tmp_path, monkeypatch):
+def test_without_mincore_every_index_under_the_limit_is_advised(tmp_path, monkeypatch):
     index, _ = write_byte_shard(tmp_path / "shard", 1000)
     index.read_bytes()
-    monkeypatch.delattr(os, "RWF_NOWAIT", raising=False)
+    monkeypatch.setattr(mapping, "_libc", lambda: None)
     with recorded_advice(monkeypatch) as advised:
         with varstore.open(tmp_path / "shard") as reader:
             assert reader[0] == b"\0"
     assert sum(length for _, _, length, _ in advised) == index.stat().st_size
-
-
-def test_a_short_probe_read_means_not_cached(monkeypatch):
-    monkeypatch.setattr(os, "preadv", lambda fd, buffers, position, flags=0: 0)
-    monkeypatch.setattr(os, "RWF_NOWAIT", 8, raising=False)
-    assert looks_cached(0, 100) is False
 
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm")
@@ -232,17 +239,17 @@ def open_mostly_cold(shard: Path, index: Path, data: Path, monkeypatch) -> int:
         with varstore.open(shard):
             pass
 
-    return sum(length for _, _, length, _ in open_as_probed(open_shard, establish, index, monkeypatch))
+    return sum(length for _, _, length, _ in open_as_probed(open_shard, establish, monkeypatch))
 
 
-@needs_nowait
+@needs_mincore
 def test_a_mostly_cold_index_without_checksums_is_advised(tmp_path, monkeypatch):
     """The open reads the last offset, the index's last bytes: it must judge the index before that read."""
     index, data = write_byte_shard(tmp_path / "shard", 400_000, checksums=False)
     assert open_mostly_cold(tmp_path / "shard", index, data, monkeypatch) == index.stat().st_size
 
 
-@needs_nowait
+@needs_mincore
 def test_a_mostly_cold_index_with_checksums_is_advised(tmp_path, monkeypatch):
     """The same attack with checksums: the last byte lies in the checksums, which the open does not read."""
     index, data = write_byte_shard(tmp_path / "shard", 400_000, checksums=True)

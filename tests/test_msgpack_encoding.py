@@ -66,8 +66,8 @@ CANONICAL = {
     "map 0": ({}, b"\x80"),
     "map 15": ({index: 0 for index in range(15)}, b"\x8f" + b"".join(bytes([index, 0]) for index in range(15))),
     "map 16": ({index: 0 for index in range(16)}, b"\xde\x00\x10" + b"".join(bytes([index, 0]) for index in range(16))),
-    "map 65536": ({index: None for index in range(65536)}, b"\xdf\x00\x01\x00\x00" + b"".join(
-        (bytes([index]) if index < 128 else b"\xcc" + be(index, 1) if index < 256 else b"\xcd" + be(index, 2)) + b"\xc0"
+    "map 65536": ({index: 0.5 for index in range(65536)}, b"\xdf\x00\x01\x00\x00" + b"".join(  # floats: within §2.2's memory
+        (bytes([index]) if index < 128 else b"\xcc" + be(index, 1) if index < 256 else b"\xcd" + be(index, 2)) + b"\xcb" + struct.pack(">d", 0.5)
         for index in range(65536))),
     "map in insertion order": ({"b": 1, "a": 2, 1: 3}, b"\x83\xa1b\x01\xa1a\x02\x01\x03"),
     "fixext 16": (np.zeros(3, np.uint8), b"\xd8\x01" + array_data("|u1", (3,), bytes(3))),

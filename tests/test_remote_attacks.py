@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import numpy as np
 import pytest
 
@@ -119,15 +120,17 @@ def _epoch_until_every_shard_is_whole(reader: Any, seed: int) -> None:
 
 
 def test_a_cache_limit_of_the_data_size_alone_does_not_fit_the_dataset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Index files live in the node cache too: with a limit of just the data objects' size, shards fetched whole
-    evicted each other and the indexes, and the readers of one node (workers) downloaded them again. The data
-    and index size fits, and then each object comes once for all readers."""
+    """Index files, data edges and the manifest live in the node cache too: with a limit of just the data
+    objects' size, shards fetched whole evicted each other and the indexes, and the readers of one node (workers)
+    downloaded them again. The size of all of them fits, and then each object comes once for all readers."""
     url = "memory://attacks/fits"
     with varstore.ShardedWriter(url, "bytes", max_shard_records=100, overwrite=True) as writer:
         writer.extend(bytes([index % 256]) * 500 for index in range(800))
     shards = varstore.open(url, cache_dir=tmp_path / "peek").manifest.shards
     data_size = sum(entry.data_size for entry in shards)
-    dataset_size = data_size + sum(entry.index_size for entry in shards)
+    manifest_size = len(fsspec.filesystem("memory").cat_file("/attacks/fits/manifest.json"))
+    edges_size = sum(2 * 4096 for entry in shards if entry.data_size > 2 * 4096)  # spec §1.2: two 4 KiB edges
+    dataset_size = data_size + sum(entry.index_size for entry in shards) + edges_size + manifest_size
     assert not varstore.open(url, cache_dir=tmp_path / "data-size", cache_limit=data_size).fits_in_cache
     counts = _counting_downloads(monkeypatch)
     for worker in range(3):

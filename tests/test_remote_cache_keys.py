@@ -33,9 +33,8 @@ pytestmark = pytest.mark.usefixtures("node_cache")  # tests.helpers_s3: a node c
 
 SHARD_RECORDS = 10
 RECORDS = 20
-# Holds both index files (and the old data, were it fetched) but not the whole dataset: records are read by
-# ranges, never from a whole copy, so what is cached is the index files alone.
-CACHE_LIMIT = 1000
+# Holds both versions of every object the readers cache (index files, data objects, manifests).
+CACHE_LIMIT = 1 << 20
 
 
 def colliding_datasets(directory: Path) -> tuple[Path, Path, list[bytes], list[bytes]]:

@@ -223,8 +223,34 @@ static inline uint64_t load_be(const uint8_t *p, int size)
     return value;
 }
 
-/* The fixed size (header + body) of a scalar's first byte, 0 for a container, string, extension or 0xc1. */
+/* The fixed size (header + body) of a scalar's or fixstr's first byte, 0 for a container, longer string, bin,
+   extension or 0xc1; and its cost by spec §2.2 (a fixstr's taken as ASCII), as msgpack_bounds.py's tables. */
 static uint8_t fixed_size[256];
+static uint8_t fixed_cost[256];
+
+/* spec §2.2's memory rule, as msgpack_bounds.py states it. */
+#define COST_PER_BYTE 16
+#define COST_ALLOWANCE (128 << 10)
+#define SMALL_COST 8
+#define NUMBER_COST 40
+#define ARRAY_COST 80
+#define MAP_COST 144
+#define MAP_ENTRY_COST 72
+#define ASCII_STR_COST 72
+#define STR_COST 88
+#define STR_BYTE_COST 4
+#define BIN_COST 56
+#define EXT_COST 288
+#define EXT_BYTE_COST 3
+
+/* The cost of a str of `length` bytes at `text`. */
+static int64_t str_cost(const uint8_t *text, uint64_t length)
+{
+    if (length <= 1) return SMALL_COST;
+    for (uint64_t k = 0; k < length; k++)
+        if (text[k] & 0x80) return STR_COST + STR_BYTE_COST * (int64_t)length;
+    return ASCII_STR_COST + (int64_t)length;
+}
 
 static void fixed_sizes_init(void)
 {
@@ -234,6 +260,13 @@ static void fixed_sizes_init(void)
     static const uint8_t sized[][2] = {{0xC0, 1}, {0xC2, 1}, {0xC3, 1}, {0xCA, 5}, {0xCB, 9}, {0xCC, 2}, {0xCD, 3},
                                        {0xCE, 5}, {0xCF, 9}, {0xD0, 2}, {0xD1, 3}, {0xD2, 5}, {0xD3, 9}};
     for (size_t k = 0; k < sizeof sized / sizeof sized[0]; k++) fixed_size[sized[k][0]] = sized[k][1];
+    for (int byte = 0; byte < 256; byte++) {
+        int small = byte < 0x80 || byte >= 0xFB || byte == 0xC0 || byte == 0xC2 || byte == 0xC3 || byte == 0xCC;
+        if (byte >= 0xA0 && byte < 0xC0)
+            fixed_cost[byte] = (byte & 0x1F) <= 1 ? SMALL_COST : (uint8_t)(ASCII_STR_COST + (byte & 0x1F));
+        else if (fixed_size[byte])
+            fixed_cost[byte] = small ? SMALL_COST : NUMBER_COST;
+    }
 }
 
 /* Read the map key at p (before end) into key; its size in bytes, or 0 if it is not a str or an integer in bounds. */
@@ -301,6 +334,8 @@ static int same_key(const MapKey *a, const MapKey *b)
 static int msgpack_check_passes(const uint8_t *p, Py_ssize_t length, int ext_type, Frame *frames, MapKey *keys, int key_room)
 {
     const uint8_t *end = p + length;
+    const int64_t limit = (int64_t)COST_PER_BYTE * length + COST_ALLOWANCE;
+    int64_t cost = 0;
     int depth = 0, key_count = 0;
     frames[0].remaining = 1;
     frames[0].is_map = 0;
@@ -321,6 +356,7 @@ static int msgpack_check_passes(const uint8_t *p, Py_ssize_t length, int ext_typ
             if (size == 0) return 0;
             for (int k = frame->first_key; k < key_count; k++)
                 if (same_key(&keys[k], key)) return 0;
+            cost += key->is_string ? str_cost(key->text, key->bits) : fixed_cost[*p];
             key_count++;
             p += size;
             frame->remaining--;
@@ -331,6 +367,7 @@ static int msgpack_check_passes(const uint8_t *p, Py_ssize_t length, int ext_typ
         uint8_t size = fixed_size[byte];
         if (size) {
             if (end - p < size) return 0;
+            cost += byte >= 0xA0 && byte < 0xC0 ? str_cost(p + 1, byte & 0x1F) : fixed_cost[byte];
             p += size;
             continue;
         }
@@ -366,6 +403,9 @@ static int msgpack_check_passes(const uint8_t *p, Py_ssize_t length, int ext_typ
             }
             if (code != 256 && code != ext_type) return 0;
             if ((uint64_t)(end - p - header) < body) return 0;
+            if (code != 256) cost += EXT_COST + EXT_BYTE_COST * (int64_t)body;
+            else if (byte >= 0xD9) cost += str_cost(p + header, body);
+            else cost += body <= 1 ? SMALL_COST : BIN_COST + (int64_t)body;
             p += header + (Py_ssize_t)body;
             continue;
         }
@@ -373,12 +413,14 @@ static int msgpack_check_passes(const uint8_t *p, Py_ssize_t length, int ext_typ
         uint64_t elements = is_map ? 2 * count : count;
         if (elements > (uint64_t)(end - p)) return 0;
         if (depth >= MAX_DEPTH) return 0;
+        cost += is_map ? MAP_COST + MAP_ENTRY_COST * (int64_t)count : ARRAY_COST;
+        if (cost > limit) return 0;
         frame = &frames[++depth];
         frame->remaining = (Py_ssize_t)elements;
         frame->is_map = is_map;
         frame->first_key = key_count;
     }
-    return p == end;
+    return p == end && cost <= limit;
 }
 
 #define KEY_ROOM 1024

@@ -27,8 +27,9 @@ HARNESS = ["torch", "matplotlib>=3.6"]
 STREAMING = "mosaicml-streaming"
 STREAMING_RUNTIME = ["transformers", "xxhash", "zstd", "Brotli", "python-snappy", "catalogue"]
 # remote.py: the loopback S3 server (moto, as in the tests), the S3 clients of varstore (s3fs) and MDS/litdata
-# (boto3), and pytest, which tests/helpers_fault_proxy.py (the latency proxy remote.py reuses) imports.
-REMOTE = ["s3fs>=2024.1", "moto[s3]>=5", "flask", "flask-cors", "boto3", "pytest"]
+# (boto3), Lance (pylance, a peer there only), and pytest, which tests/helpers_fault_proxy.py (the latency proxy
+# remote.py reuses) imports.
+REMOTE = ["s3fs>=2024.1", "moto[s3]>=5", "flask", "flask-cors", "boto3", "pylance", "pytest"]
 
 
 def _fingerprint() -> str:

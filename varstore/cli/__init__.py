@@ -14,7 +14,7 @@ from .._version import __version__
 from ..errors import FAILURE_EXIT_CODE, USAGE_EXIT_CODE, CommandError, RecordIndexError, VarstoreError
 from . import convert, cp, dump, info, merge, repair, stats, verify
 from .dump import join_negative_range
-from .output import discard_standard_output, writing_to_standard_output
+from .output import discard_standard_output, one_line, writing_to_standard_output
 
 _INTERRUPTED_EXIT_CODE = 130
 _BROKEN_PIPE_EXIT_CODE = 141
@@ -43,14 +43,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _one_line(error: BaseException) -> str:
-    if isinstance(error, OSError) and not isinstance(error, VarstoreError) and error.strerror:
-        message = f"{error.filename}: {error.strerror}" if error.filename else error.strerror
-    else:
-        message = str(error)
-    return " ".join(message.split())
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the command line with `argv` (default: ``sys.argv[1:]``); returns the exit code."""
     parser = build_parser()
@@ -74,13 +66,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{prefix}interrupted", file=sys.stderr)
         return _INTERRUPTED_EXIT_CODE
     except CommandError as error:
-        print(prefix + _one_line(error), file=sys.stderr)
+        print(prefix + one_line(error), file=sys.stderr)
         return error.exit_code
     except RecordIndexError as error:
-        print(prefix + _one_line(error), file=sys.stderr)
+        print(prefix + one_line(error), file=sys.stderr)
         return USAGE_EXIT_CODE
     except (VarstoreError, OSError) as error:
-        print(prefix + _one_line(error), file=sys.stderr)
+        print(prefix + one_line(error), file=sys.stderr)
         return FAILURE_EXIT_CODE
     except MemoryError:
         # The sources report the file and record they were reading; this catches what no source could foresee.

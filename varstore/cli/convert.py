@@ -10,6 +10,7 @@ from typing import Any
 from ..conversion.driver import run_conversion
 from ..conversion.sources import FORMAT_OPTIONS, SOURCE_OPTIONS
 from ..errors import CommandError, ShardExistsError
+from ..local.file_url import resolve_file_url
 from ..operations.locations import is_url
 from .arguments import (
     add_allow_other_files_option,
@@ -89,8 +90,9 @@ def add_parser(commands: Any) -> None:
     parser = command_parser(commands, "convert", run,
                             help="build a dataset from .npy, token, JSON Lines, text, folder or Parquet sources",
                             description=_DESCRIPTION, epilog=_EPILOG)
-    parser.add_argument("source", metavar="SRC", help="the file or folder to read")
-    parser.add_argument("destination", metavar="DST", help="the dataset directory to write, or a URL of object storage")
+    parser.add_argument("source", metavar="SRC", type=resolve_file_url, help="the file or folder to read")
+    parser.add_argument("destination", metavar="DST", type=resolve_file_url,
+                        help="the dataset directory to write, or a URL of object storage")
     parser.add_argument("--format", choices=sorted(FORMAT_OPTIONS), help="the source format, when its name does not tell")
     parser.add_argument("--offsets", metavar="FILE.npy",
                         help="npy: N + 1 row boundaries; record k is rows offsets[k] to offsets[k + 1]")

@@ -7,6 +7,7 @@ import argparse
 from functools import partial
 from typing import Any
 
+from ..local.file_url import resolve_file_url
 from ..operations.copy import copy
 from .arguments import STORE_HELP, add_quiet_option, command_parser, store_path
 from .output import format_size, plural, progress_bar
@@ -41,7 +42,7 @@ def add_parser(commands: Any) -> None:
                             help="copy a dataset or shard between local paths and URLs, verified on arrival",
                             description=_DESCRIPTION, epilog=_EPILOG)
     parser.add_argument("source", metavar="SRC", type=store_path, help=STORE_HELP)
-    parser.add_argument("destination", metavar="DST",
+    parser.add_argument("destination", metavar="DST", type=resolve_file_url,
                         help="where the copy goes, a local directory or a URL (for a shard, its new prefix); it must "
                         "not hold a dataset (or that shard) unless --overwrite")
     parser.add_argument("--overwrite", action="store_true",

@@ -59,8 +59,9 @@ def add_parser(commands: Any) -> None:
                        "(bytes as they are, text as UTF-8, arrays as their raw values); stdout must be redirected "
                        "to a file or a pipe, not a terminal")
     parser.add_argument("--limit", type=non_negative_int, default=256, metavar="N",
-                        help="show at most N bytes of a hex view, characters of text or elements of an array "
-                        "(default 256; 0 shows everything)")
+                        help="show at most N bytes of a hex view, characters of text, elements of an array or "
+                        "items of a list or map, each (default 256; 0 shows everything; --json and --raw print "
+                        "records whole)")
     add_location_options(parser)
 
 
@@ -221,7 +222,9 @@ def run(args: argparse.Namespace) -> int:
     if args.raw and sys.stdout.isatty():
         raise UsageError("--raw writes binary data and standard output is a terminal; redirect it: "
                          "varstore dump ... --raw > FILE (or pipe it)")
-    with open_store(args.path, args) as store, _room_for_the_deepest_records(), writing_to_standard_output():
+    # A record of an intact shard prints though another shard is damaged; one of the damaged shard names the damage.
+    with open_store(args.path, args, set_aside_damaged=True) as store, _room_for_the_deepest_records(), \
+            writing_to_standard_output():
         indices = _selected_indices(args, len(store))
         _check_field(args, store)
         if args.raw:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
+from ..errors import FAILURE_EXIT_CODE, listing
 from ..operations.describe import Description, describe, describe_codec
 from .arguments import add_store_arguments, command_parser
 from .output import (
@@ -23,7 +25,9 @@ from .stores import REMOTE_EPILOG, add_location_options, check_location_options,
 
 _DESCRIPTION = """Describe a shard or dataset: format version, codec, record count (and rows, or tokens, of ndarray
 stores), sizes, checksums, metadata and shards. Reads only headers and the manifest, so it is instant at any size
-(at a URL: one request for the manifest and one for each shard's header, all at once, besides the open's checks)."""
+(at a URL: one request for the manifest and one for each shard's header, all at once, besides the open's checks).
+A dataset with damaged shards (a file truncated, missing or not as the manifest lists it) is described all the
+same, its damaged shards named with what is wrong, and info then exits 1."""
 
 
 def add_parser(commands: Any) -> None:
@@ -33,8 +37,11 @@ def add_parser(commands: Any) -> None:
     add_location_options(parser)
 
 
-# What an empty dataset says for the facts each shard records (format version, checksums).
+# What an empty dataset says for the facts each shard records (format version, checksums); and one whose every
+# shard is damaged.
 _NO_SHARDS = "none yet: the dataset has no shards"
+_ALL_DAMAGED = "unknown: every shard is damaged"
+_DAMAGE_ADVICE = "; varstore verify checks every record, varstore repair --write drops damaged shards from the manifest"
 
 
 def _lengths_text(facts: Description) -> str:
@@ -47,23 +54,44 @@ def _lengths_text(facts: Description) -> str:
     return text
 
 
+def _intact_shards_note(facts: Description) -> str:
+    """`` (of the 3 intact shards)`` when some shards are damaged: what the format and checksums lines count."""
+    if not facts.damaged_shards:
+        return ""
+    return f" (of the {plural(len(facts.shards) - len(facts.damaged_shards), 'intact shard')})"
+
+
 def _checksums_text(facts: Description) -> str:
     if facts.kind == "dataset" and not facts.shards:
         return _NO_SHARDS
+    if facts.kind == "dataset" and len(facts.damaged_shards) == len(facts.shards):
+        return _ALL_DAMAGED
     whole = "of each whole data file" if facts.kind == "dataset" else "of the whole data file"
     if facts.record_checksums is None:
-        with_checksums = sum(shard.record_checksums for shard in facts.shards)
-        return f"CRC32C per record in {with_checksums} of {plural(len(facts.shards), 'shard')}; CRC32C {whole}"
+        intact = [shard for shard in facts.shards if shard.damage is None]
+        with_checksums = sum(bool(shard.record_checksums) for shard in intact)
+        shards = plural(len(intact), "intact shard" if facts.damaged_shards else "shard")
+        return f"CRC32C per record in {with_checksums} of {shards}; CRC32C {whole}"
     if facts.record_checksums:
-        return f"CRC32C per record and {whole}"
-    return f"no per-record checksums; CRC32C {whole} only"
+        return f"CRC32C per record and {whole}{_intact_shards_note(facts)}"
+    return f"no per-record checksums; CRC32C {whole} only{_intact_shards_note(facts)}"
 
 
 def _format_text(facts: Description) -> str:
     if facts.kind == "dataset" and not facts.shards:
         return _NO_SHARDS
+    if facts.kind == "dataset" and len(facts.damaged_shards) == len(facts.shards):
+        return _ALL_DAMAGED
     version = facts.format_version
-    return "mixed (see shards)" if version is None else f"varstore {version[0]}.{version[1]}"
+    if version is None:
+        return "mixed (see shards)"
+    return f"varstore {version[0]}.{version[1]}{_intact_shards_note(facts)}"
+
+
+def _damage_summary(facts: Description) -> str:
+    """``1 of 4 shards (shard-000001)``: the damaged shards, counted and named."""
+    damaged = facts.damaged_shards
+    return f"{len(damaged)} of {plural(len(facts.shards), 'shard')} ({listing([shard.name for shard in damaged])})"
 
 
 def _print_text(facts: Description) -> None:
@@ -92,15 +120,26 @@ def _print_text(facts: Description) -> None:
         ("on disk", on_disk),
         ("checksums", _checksums_text(facts)),
         ("metadata", json.dumps(facts.metadata, ensure_ascii=False, sort_keys=True)),
+        *([("damaged", _damage_summary(facts) + _DAMAGE_ADVICE)] if facts.damaged_shards else []),
     ])
     if facts.kind == "dataset" and facts.shards:
         print("shards")
         rows = [
             [shard.name, format_count(shard.record_count), format_size(shard.data_size),
-             format_size(shard.index_size), "yes" if shard.record_checksums else "no"]
+             format_size(shard.index_size), _record_checksums_cell(shard.record_checksums, shard.damage)]
             for shard in facts.shards
         ]
         print_table(["name", "records", "payload", "index", "record CRCs"], rows, align="lrrrr", indent="  ")
+    if facts.damaged_shards:
+        print("damaged shards (records, payload and index as the manifest lists them)")
+        for shard in facts.damaged_shards:
+            print(f"  {shard.name}: {shard.damage}")
+
+
+def _record_checksums_cell(record_checksums: bool | None, damage: str | None) -> str:
+    if damage is not None:
+        return "DAMAGED"
+    return "yes" if record_checksums else "no"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -111,4 +150,7 @@ def run(args: argparse.Namespace) -> int:
             print_json(facts.as_json())
         else:
             _print_text(facts)
+    if facts.damaged_shards:
+        print(f"varstore info: {facts.path}: damaged: {_damage_summary(facts)}{_DAMAGE_ADVICE}", file=sys.stderr)
+        return FAILURE_EXIT_CODE
     return 0

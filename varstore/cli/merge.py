@@ -8,6 +8,7 @@ import sys
 from functools import partial
 from typing import Any
 
+from ..local.file_url import resolve_file_url
 from ..operations.merge import merge
 from .arguments import (
     LOCAL_STORE_HELP,
@@ -32,7 +33,7 @@ def add_parser(commands: Any) -> None:
                             description=_DESCRIPTION, epilog=REMOTE_EPILOG)
     parser.add_argument("sources", nargs="+", metavar="SRC", type=store_path,
                         help=LOCAL_STORE_HELP + "; each at most once (copy a remote one here first with varstore cp)")
-    parser.add_argument("destination", metavar="DST",
+    parser.add_argument("destination", metavar="DST", type=resolve_file_url,
                         help="the new dataset directory (must not exist, or be empty unless --allow-other-files); locked for one "
                         "writer while merge runs; or a URL holding no dataset")
     parser.add_argument("--copy", action="store_true", help="copy the files even where hard links are possible")

@@ -46,6 +46,15 @@ def discard_standard_output() -> None:
         os.close(null)
 
 
+def one_line(error: BaseException) -> str:
+    """The error as the one line a command prints: an OSError by its file and reason, whitespace folded."""
+    if isinstance(error, OSError) and not isinstance(error, VarstoreError) and error.strerror:
+        message = f"{error.filename}: {error.strerror}" if error.filename else error.strerror
+    else:
+        message = str(error)
+    return " ".join(message.split())
+
+
 def format_count(count: int) -> str:
     return f"{count:,}"
 

@@ -46,8 +46,17 @@ def render_text(text: str, limit: int) -> str:
 
 
 def render_array(array: np.ndarray, limit: int) -> str:
-    """An array's values; past `limit` elements (0: never) numpy shows only the first and last few."""
-    return np.array2string(array, threshold=_cap(limit), separator=" ")
+    """An array's values, at most `limit` of them (0: all): an array with more shows its first rows that fit (its
+    first `limit` elements, in C order, when one row holds more), and says how many elements it leaves out."""
+    if array.size <= _cap(limit):
+        return _array_text(array)
+    row_size = array.size // len(array)
+    shown = array[: limit // row_size] if array.ndim > 1 and row_size <= limit else array.reshape(-1)[:limit]
+    return f"{_array_text(shown)} ... ({plural(array.size - shown.size, 'more element')})"
+
+
+def _array_text(array: np.ndarray) -> str:
+    return np.array2string(array, threshold=sys.maxsize, separator=" ")
 
 
 def _inline_array(array: np.ndarray, limit: int) -> str:
@@ -71,24 +80,44 @@ def _leaf(value: Any, limit: int) -> str:
     return json.dumps(value)
 
 
+def _shown_items(value: dict[Any, Any] | list[Any], limit: int) -> tuple[list[Any], str | None]:
+    """The first `limit` items of a map (its (key, value) pairs) or list (0: all), and what says the rest, if any."""
+    items = list(value.items()) if isinstance(value, dict) else value
+    shown = items[: _cap(limit)]
+    left_out = len(items) - len(shown)
+    return shown, f"... ({plural(left_out, 'more item')})" if left_out else None
+
+
+def _key(key: Any) -> str:
+    """A map's key, whole whatever the limit: it names the value that follows."""
+    return _leaf(key, 0)
+
+
 def _inline(value: Any, limit: int) -> str:
+    if not isinstance(value, (dict, list)):
+        return _leaf(value, limit)
+    shown, rest = _shown_items(value, limit)
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{_leaf(key, limit)}: {_inline(item, limit)}" for key, item in value.items()) + "}"
-    if isinstance(value, list):
-        return "[" + ", ".join(_inline(item, limit) for item in value) + "]"
-    return _leaf(value, limit)
+        parts = [f"{_key(key)}: {_inline(item, limit)}" for key, item in shown]
+    else:
+        parts = [_inline(item, limit) for item in shown]
+    opening, closing = ("{", "}") if isinstance(value, dict) else ("[", "]")
+    return opening + ", ".join(parts + ([rest] if rest else [])) + closing
 
 
 def render_sample(value: Any, limit: int, indent: str = "") -> str:
-    """A structured sample as JSON-like text: one line when it is short, else one item per line."""
+    """A structured sample as JSON-like text: one line when it is short, else one item per line; a map or list
+    shows at most `limit` items (0: all)."""
     inline = _inline(value, limit)
     if len(indent) + len(inline) <= _INLINE_WIDTH or not isinstance(value, (dict, list)) or not value:
         return inline
     inner = indent + _INDENT
+    shown, rest = _shown_items(value, limit)
     if isinstance(value, dict):
-        items = [f"{inner}{_leaf(key, limit)}: {render_sample(item, limit, inner)}" for key, item in value.items()]
+        items = [f"{inner}{_key(key)}: {render_sample(item, limit, inner)}" for key, item in shown]
         opening, closing = "{", "}"
     else:
-        items = [inner + render_sample(item, limit, inner) for item in value]
+        items = [inner + render_sample(item, limit, inner) for item in shown]
         opening, closing = "[", "]"
+    items += [inner + rest] if rest else []
     return opening + "\n" + ",\n".join(items) + "\n" + indent + closing

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..dataset.opening import open_setting_aside_damaged
 from ..errors import UsageError
 from ..operations.locations import Store, is_url, remote_options
 from ..operations.locations import open_store as open_location
@@ -20,7 +21,8 @@ from .arguments import byte_size, json_object
 STORAGE_OPTIONS_OPTION = "--storage-options"
 CACHE_OPTIONS = ("--cache-dir", "--cache-limit")
 REMOTE_EPILOG = """object storage:
-  A STORE may be a URL: s3://bucket/dataset, gs://..., az://..., any fsspec URL.
+  A STORE may be a URL: s3://bucket/dataset, gs://..., az://..., any fsspec URL
+  (file:///data/ds is the local path /data/ds, written with the local locks).
   Credentials and endpoints come from the backend's standard environment (for S3:
   AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_PROFILE, ...)
   or from --storage-options, e.g.
@@ -63,8 +65,11 @@ def location_options(args: argparse.Namespace) -> dict[str, Any]:
                           getattr(args, "cache_limit", None))
 
 
-def open_store(location: str, args: argparse.Namespace) -> Store:
+def open_store(location: str, args: argparse.Namespace, *, set_aside_damaged: bool = False) -> Store:
     """The reader of what `location` names (a shard or a dataset, local or at a URL), given the command's
-    location options for a URL; options given for a local path are a usage error."""
+    location options for a URL; options given for a local path are a usage error. With `set_aside_damaged` a
+    dataset whose shards fail the open's checks opens with them set aside (`open_setting_aside_damaged`)."""
     check_location_options(args, location)
+    if set_aside_damaged:
+        return open_setting_aside_damaged(location, **location_options(args))
     return open_location(location, **location_options(args))

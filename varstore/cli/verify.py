@@ -7,10 +7,10 @@ from dataclasses import asdict
 from functools import partial
 from typing import Any
 
-from ..errors import listing
+from ..errors import CommandError, VarstoreError, listing
 from ..operations.verify import VerifyReport, verify
 from .arguments import add_quiet_option, add_store_arguments, command_parser
-from .output import format_size, plural, print_json, progress_bar, writing_to_standard_output
+from .output import format_size, one_line, plural, print_json, progress_bar, writing_to_standard_output
 from .stores import REMOTE_EPILOG, add_location_options, location_options
 
 _DESCRIPTION = """Check a shard or dataset: headers, offsets, the manifest against each shard, and every record
@@ -64,6 +64,7 @@ def _print_json(report: VerifyReport) -> None:
     print_json({
         "path": report.path,
         "ok": report.ok,
+        "error": None,
         "records": report.records,
         "checked_bytes": report.checked_bytes,
         "seconds": report.seconds,
@@ -76,8 +77,14 @@ def _print_json(report: VerifyReport) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    report = verify(args.path, remove_temporary=args.remove_temporary, **location_options(args),
-                    progress=partial(progress_bar, description="verify", quiet=args.quiet or args.json))
+    try:
+        report = verify(args.path, remove_temporary=args.remove_temporary, **location_options(args),
+                        progress=partial(progress_bar, description="verify", quiet=args.quiet or args.json))
+    except (VarstoreError, CommandError, OSError) as error:
+        if args.json:  # a pipeline into a JSON parser gets its document; the error line and exit code are as ever
+            with writing_to_standard_output():
+                print_json({"path": args.path, "ok": False, "error": one_line(error)})
+        raise
     with writing_to_standard_output():
         if args.json:
             _print_json(report)

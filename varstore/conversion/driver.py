@@ -27,6 +27,7 @@ from ..dataset.parts import PartWriter, abandon_run, commit_parts, new_run_id, r
 from ..dataset.writer import ShardedWriter
 from ..errors import CommandError, UsageError, VarstoreError, listing
 from ..local.destination import check_destination, make_directories, removed_if_created_and_failed
+from ..local.file_url import resolve_file_url
 from ..progress import Counter, ProgressBar, reporting
 from ..remote.filesystems import is_url
 from .sources import FolderSource, Source, open_source, source_format
@@ -55,7 +56,8 @@ def convert(
     """
     try:
         return run_conversion(
-            os.fspath(source), os.fspath(destination), format=format, source_options=source_options, workers=workers,
+            resolve_file_url(source), resolve_file_url(destination), format=format, source_options=source_options,
+            workers=workers,
             metadata=metadata, overwrite=overwrite, max_shard_bytes=max_shard_bytes, max_shard_records=max_shard_records,
             storage_options=storage_options, allow_other_files=True,
         ).records

@@ -19,6 +19,7 @@ import json
 import os
 from typing import Any, Iterator
 
+import msgpack
 import numpy as np
 
 from ..dataset.writer import ShardedWriter
@@ -506,9 +507,9 @@ class FolderSource(Source):
     def write_part(self, writer: ShardedWriter, progress: Counter, part: dict[str, Any]) -> None:
         for label, path, name in itertools.islice(self._files(), part["first"], part["stop"]):
             if label is None:
-                _append(writer, {"name": name, "data": self._read(path)}, path)
+                writer._append_payload(self._record(path, {"name": name}, "data", {}))
             else:
-                _append(writer, {"image": self._read(path), "label": label, "path": name}, path)
+                writer._append_payload(self._record(path, {}, "image", {"label": label, "path": name}))
             progress(1)
 
     def _files(self) -> Iterator[tuple[int | None, str, str]]:
@@ -521,8 +522,11 @@ class FolderSource(Source):
             for path, name in _files_in(os.path.join(self.path, class_name), class_name + "/"):
                 yield label, path, name
 
-    def _read(self, path: str) -> bytes:
-        """The file's bytes, or a one-line error if it is over the limit (checked before and while reading)."""
+    def _record(self, path: str, before: dict[str, Any], key: str, after: dict[str, Any]) -> bytearray:
+        """The record of the file at `path` as the msgpack codec encodes ``{**before, key: its bytes, **after}``,
+        with the bytes read straight into it: held once, not read and then copied into the encoding twice. A file
+        over the limit is refused before it is read, one that grows past it while read (at most the limit and one
+        byte are read), and one that does not fit in memory with a one-line error."""
         if os.path.isdir(path):
             raise CommandError(f"{path}: a link to a folder; convert follows such links only as --labels class folders "
                                "(others may loop)")
@@ -530,18 +534,45 @@ class FolderSource(Source):
             raise CommandError(f"{path}: not a regular file; convert reads regular files and links to them")
         with open(path, "rb") as file:
             size = os.fstat(file.fileno()).st_size
-            if size <= self.max_record_bytes:
-                try:
-                    data = file.read(self.max_record_bytes + 1)
-                except MemoryError:
-                    raise CommandError(f"{path}: not enough memory to read its {size:,} bytes") from None
-                size = max(size, len(data))  # it may have grown since fstat
+            self._check_size(path, size)
+            head, tail = _msgpack_map_around(path, before, key, size, after)
+            try:
+                record = bytearray(len(head) + size + len(tail))
+                record[: len(head)] = head
+                got = file.readinto(memoryview(record)[len(head) : len(head) + size])
+                more = file.read(1)  # it grew since fstat: read on to the limit and one byte, no further
+                more += file.read(self.max_record_bytes - size) if more else b""
+            except MemoryError:
+                raise CommandError(f"{path}: not enough memory to read its {size:,} bytes") from None
+        if got < size or more:  # it changed while read: frame what was read (rare, so copied)
+            data = bytes(memoryview(record)[len(head) : len(head) + got]) + more
+            self._check_size(path, len(data))
+            head, tail = _msgpack_map_around(path, before, key, len(data), after)
+            return bytearray(head + data + tail)
+        record[len(head) + size :] = tail
+        return record
+
+    def _check_size(self, path: str, size: int) -> None:
+        """Refuse the file at `path`, of `size` bytes, if it is over the limit."""
         if size > self.max_record_bytes:
             raise CommandError(
                 f"{path}: {size:,} bytes is over --max-record-bytes ({self.max_record_bytes:,}); "
                 "each file becomes one record, held whole in memory while it is written"
             )
-        return data
+
+
+def _msgpack_map_around(path: str, before: dict[str, Any], key: str, size: int,
+                        after: dict[str, Any]) -> tuple[bytes, bytes]:
+    """The msgpack encoding of the map ``{**before, key: <size bytes>, **after}`` (str keys, str and int values) on
+    either side of the bytes, as the msgpack codec writes it: the bytes' value is a bin of the smallest width."""
+    if size >= 1 << 32:
+        raise CommandError(f"{path}: {size:,} bytes is more than a msgpack bin value holds (4 GiB - 1 bytes)")
+    packer = msgpack.Packer(use_bin_type=True)  # autoreset: each call returns the bytes of what it packed
+    width, marker = (1, 0xC4) if size < 1 << 8 else (2, 0xC5) if size < 1 << 16 else (4, 0xC6)
+    head = [packer.pack_map_header(len(before) + 1 + len(after))]
+    head += [packer.pack(item) for pair in before.items() for item in pair]
+    head += [packer.pack(key), bytes([marker]) + size.to_bytes(width, "big")]
+    return b"".join(head), b"".join(packer.pack(item) for pair in after.items() for item in pair)
 
 
 def _visible_entries(directory: str) -> list[os.DirEntry[str]]:

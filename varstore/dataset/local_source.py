@@ -101,7 +101,13 @@ class LocalDatasetSource:
     def __init__(self, directory: str) -> None:
         self.directory = os.path.abspath(directory)
 
+    stamp = None  # a local manifest is read again, not cached: see `RemoteDatasetSource.open_manifest`
+
     def read_manifest(self) -> Manifest:
+        return read_manifest(self.directory)
+
+    def open_manifest(self, stamp: object) -> Manifest:
+        """The manifest as it is now (a reopened reader then checks it is the version it pinned)."""
         return read_manifest(self.directory)
 
     def check_listed(self, manifest: Manifest, codec: Codec) -> dict[int, VarstoreError]:

@@ -2,8 +2,9 @@
 source (`dataset_source` picks it: `local_source` for a directory, `remote_source` for a URL).
 
 A reader pins the dataset version it opened (a BLAKE2b-128 digest of the
-manifest's bytes). The source checks each listed shard at the open and again
-when it is first used; here a failed check is told apart: when the
+manifest's bytes). A local source checks each listed shard at the open and again
+when it is first used, a remote one at first use only (an open costs O(1)
+requests); here a failed check is told apart: when the
 stored manifest has changed meanwhile, the dataset was replaced under the reader,
 which raises `DatasetReplacedError` rather than read another version; otherwise
 the shard is damaged (and, for ``on_damaged="skip"``, set aside).
@@ -24,13 +25,14 @@ import numpy as np
 from ..errors import ClosedError, DatasetReplacedError, FormatError, RecordIndexError, RecordTypeError, VarstoreError
 from ..format.codecs import Codec, codec_from_stored
 from ..format.manifest import Manifest
+from ..local.file_url import resolve_file_url
 from ..remote.filesystems import is_url
 from ..remote.location import RemoteLocation
 from ..shard.reader import FlatBatch, Reader, check_indices
 from ..shard.reader_base import ReaderBase, replaced_error
 from ..shard.remote_shard import RemoteShard
 from .local_source import _SHARD_ERRORS, LocalDatasetSource, verify_listed_shard
-from .remote_source import RemoteDatasetSource
+from .remote_source import ManifestStamp, RemoteDatasetSource
 
 _FILES_PER_SHARD = 2
 
@@ -78,9 +80,12 @@ def dataset_source(
 class ShardedReader(ReaderBase):
     """A dataset (a local directory or a URL) read as one sequence of records, with the same API as `Reader`.
 
-    Opening reads the manifest and has the source check every shard it lists, empty
-    ones included, against its entry (`check_listed`); a shard is opened, and
-    checked against its entry again, the first time one of its records is read.
+    Opening reads the manifest and has the source check the shards it lists against
+    their entries (`check_listed`: every one, empty ones included, for a local
+    directory; none for a URL, where that is a request per shard); a shard is
+    opened, and checked against its entry, the first time one of its records is read.
+    A reopened (unpickled) reader of a URL reads its pinned manifest from the node
+    cache when it is there: no request.
     Shards already mapped keep serving the version this reader opened after the
     dataset is replaced; a shard first needed after that raises
     `DatasetReplacedError`, never records of the new version.
@@ -97,9 +102,10 @@ class ShardedReader(ReaderBase):
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | None = None,
     ) -> None:
-        self.path = os.fspath(directory)
+        self.path = resolve_file_url(directory)
         self.verify_reads = verify_reads
         self._quarantine: dict[int, str] | None = None
+        self._stamp: ManifestStamp | None = None
         self._source = dataset_source(self.path, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
         self.is_remote = self._source.is_remote
         self._open()
@@ -109,9 +115,10 @@ class ShardedReader(ReaderBase):
         """Open like the constructor, but set aside shards that cannot be opened or fail their manifest checks
         (listed in `_quarantine`, position -> reason) instead of failing; for ``on_damaged="skip"``."""
         reader = cls.__new__(cls)
-        reader.path = os.fspath(directory)
+        reader.path = resolve_file_url(directory)
         reader.verify_reads = verify_reads
         reader._quarantine = {}
+        reader._stamp = None
         reader._source = dataset_source(reader.path, **remote)
         reader.is_remote = reader._source.is_remote
         reader._open()
@@ -140,8 +147,8 @@ class ShardedReader(ReaderBase):
     def _read_consistent_manifest(self) -> tuple[Manifest, Codec, dict[int, VarstoreError]]:
         """The manifest, its codec and the shards that fail their checks against it (the source's `check_listed`),
         read again while an overwrite changes it."""
-        for _ in range(_OPEN_ATTEMPTS):
-            manifest = self._source.read_manifest()
+        for attempt in range(_OPEN_ATTEMPTS):
+            manifest = self._source.open_manifest(self._stamp if attempt == 0 else None)
             codec = codec_from_stored(manifest.codec, manifest.codec_params, path=self.path)
             damaged = self._source.check_listed(manifest, codec)
             if not damaged or self._version_on_disk() == manifest.version:
@@ -169,10 +176,18 @@ class ShardedReader(ReaderBase):
         return self._version
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**super().__getstate__(), "quarantining": self._quarantine is not None, "remote": self._source.state()}
+        stamp = self._source.stamp
+        return {
+            **super().__getstate__(),
+            "quarantining": self._quarantine is not None,
+            "remote": self._source.state(),
+            "manifest": None if stamp is None else [stamp.version, stamp.size, stamp.crc32c],
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        """Reopen in this process; a remote dataset's pinned version comes from the node cache when it holds it."""
         self._quarantine = {} if state["quarantining"] else None
+        self._stamp = None if state["manifest"] is None else ManifestStamp(*state["manifest"])
         self._source = dataset_source(state["path"], **(state["remote"] or {}))
         self.is_remote = self._source.is_remote
         super().__setstate__(state)

@@ -22,6 +22,7 @@ from ..format.manifest import (
     is_valid_shard_name,
     shard_entry_size_bound,
 )
+from ..local.file_url import resolve_file_url
 from ..local.journal import Journal
 from ..local.locks import is_locked, lock_directory, shard_lock_path
 from ..local.manifest_file import commit_manifest_file, describe_shard
@@ -95,6 +96,8 @@ class ShardedWriter(CommitsOnExit):
         overwrite: bool = False,
         resume: bool = False,
         storage_options: dict[str, Any] | None = None,
+        compression: str | None = None,
+        compression_level: int = 3,
     ) -> None:
         self._target = self._make_target(directory, storage_options)
         self.path, self._directory = self._target.path, self._target.directory
@@ -102,7 +105,8 @@ class ShardedWriter(CommitsOnExit):
         if max_shard_bytes < 1 or (max_shard_records is not None and max_shard_records < 1):
             raise VarstoreError("max_shard_bytes and max_shard_records must be positive")
         self._codec = make_codec(codec, dtype=dtype, shape=shape)
-        self._writer_options = {"codec": codec, "dtype": dtype, "shape": shape, "metadata": metadata, "checksums": checksums}
+        self._writer_options = {"codec": codec, "dtype": dtype, "shape": shape, "metadata": metadata, "checksums": checksums,
+                                "compression": compression, "compression_level": compression_level}
         self._metadata = dict(metadata or {})
         self._max_shard_bytes = max_shard_bytes
         self._max_shard_records = max_shard_records
@@ -137,7 +141,9 @@ class ShardedWriter(CommitsOnExit):
             raise
 
     def _make_target(self, directory: Any, storage_options: dict[str, Any] | None) -> LocalTarget | RemoteTarget:
-        """Where the shards are written and the commit points act: a URL's objects, else a local directory."""
+        """Where the shards are written and the commit points act: a URL's objects, else a local directory (a
+        ``file://`` URL's too: there fsspec would write the manifest in place, not atomically)."""
+        directory = resolve_file_url(directory)
         if is_url(directory):
             return RemoteTarget(directory, storage_options)
         return LocalTarget(directory, storage_options)
@@ -164,6 +170,13 @@ class ShardedWriter(CommitsOnExit):
             payload = self._codec.encode(record)
         except RecordTypeError as error:
             raise refused_record(error, self._record_count, self.path) from None
+        return self._append_payload(payload)
+
+    def _append_payload(self, payload: bytes | bytearray | memoryview) -> int:
+        """Add one record given as its payload, encoded by this writer's codec already (nothing checks it decodes);
+        one too large to buffer is written as it is, not copied (`convert` reads a folder's file into its record)."""
+        if self._failure is not None or self._closed:
+            self._check_writable("append")
         size = len(payload)
         writer = self._writer
         # The shard in progress takes the record unless a limit says otherwise (_writer_for decides then).
@@ -449,7 +462,7 @@ def write_manifest(
     existing manifest is replaced only with ``overwrite=True``; the directory's
     writer lock is held throughout.
     """
-    directory = os.fspath(directory)
+    directory = resolve_file_url(directory)
     with lock_directory(directory):
         if shard_names is None:
             pattern = os.path.join(glob.escape(directory), "*" + fmt.INDEX_SUFFIX)

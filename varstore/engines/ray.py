@@ -34,6 +34,7 @@ from ..dataset.opening import open as open_dataset
 from ..dataset.parts import PartWriter, abandon_run, commit_parts, new_run_id, refuse_existing_dataset
 from ..errors import VarstoreError
 from ..format.codecs import make_codec
+from ..local.file_url import resolve_file_url
 from ..remote.filesystems import is_url
 from ..shard.reader_base import require_version
 
@@ -148,7 +149,7 @@ class VarstoreDatasink(Datasink[dict]):
 
 def _absolute(path: str | os.PathLike[str]) -> str:
     """A local path made absolute on the driver (tasks may run in another directory), a URL as it is."""
-    path = os.fspath(path)
+    path = resolve_file_url(path)
     return path if is_url(path) else os.path.abspath(path)
 
 

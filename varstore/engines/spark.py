@@ -13,7 +13,8 @@ attempts wrote. A failed job commits nothing and removes every shard of its run 
 Records cross from Spark to varstore as pandas values (`mapInPandas`): a ``binary`` column gives `bytes`,
 ``string`` gives `str`, an array column gives numpy arrays. Only plain options, the user's `record`
 function and JSON strings travel between driver and executors; no varstore object is pickled. Executors
-need varstore installed; a URL destination must be reachable from every executor.
+need varstore installed, which the first write of an application checks with a one-task job (`_check_workers`);
+a URL destination must be reachable from every executor.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
+import sys
 import time
 from types import SimpleNamespace
 from typing import Any, Callable, Iterator, Sequence
@@ -35,6 +38,7 @@ except ImportError as error:  # pragma: no cover - depends on the install
 from ..dataset.parts import PartWriter, abandon_run, commit_parts, new_run_id, refuse_existing_dataset
 from ..errors import FormatError, ShardExistsError, VarstoreError
 from ..format.codecs import make_codec
+from ..local.file_url import resolve_file_url
 from ..remote.filesystems import is_url
 
 __all__ = ["write_dataframe"]
@@ -48,6 +52,10 @@ _NO_JOB = SimpleNamespace(stageIds=())
 
 # One row per task: which partition, which attempt, and its shards' manifest entries as a JSON list.
 _RESULT_SCHEMA = "part int, attempt long, entries string"
+# (application id, workers' Python) pairs whose workers were seen to import varstore (`_check_workers`).
+_WORKERS_CHECKED: set[tuple[str, str]] = set()
+# The last import error in a failed job's message: its Python worker's traceback ends with it.
+_IMPORT_ERROR = re.compile(r"^\s*((?:ModuleNotFound|Import)Error: .*)$", re.MULTILINE)
 
 
 def write_dataframe(
@@ -75,12 +83,14 @@ def write_dataframe(
     """
     if (column is None) == (record is None):
         raise VarstoreError("give exactly one of column= (a column of records) and record= (a function of a row)")
-    destination = str(path_or_url) if is_url(path_or_url) else os.path.abspath(os.fspath(path_or_url))
+    destination = resolve_file_url(path_or_url)
+    destination = destination if is_url(destination) else os.path.abspath(destination)
     if column is not None and column not in df.columns:
         raise VarstoreError(f"the DataFrame has no column {column!r} (it has {df.columns})", path=destination)
     make_codec(codec, dtype=dtype, shape=shape)  # bad codec options fail here, not in every task
     if not overwrite:
         refuse_existing_dataset(destination, storage_options)
+    _check_workers(df)
     run_id = new_run_id()
     write_partition = functools.partial(
         _write_partition,
@@ -108,13 +118,48 @@ def write_dataframe(
         raise
 
 
+def _check_workers(df: DataFrame) -> None:
+    """Refuse, saying what to set, if Spark's Python workers cannot import varstore (the Python of a venv run without
+    activating it: the workers then start the system ``python3``); checked once per application and worker Python,
+    with a one-task job, instead of failing every task with a Java stack trace."""
+    context = _context_of(df)
+    if context is None:  # Spark Connect: its workers are the server's to configure
+        return
+    checked = (context.applicationId, context.pythonExec)
+    if checked in _WORKERS_CHECKED:
+        return
+    try:
+        context.parallelize([None], 1).mapPartitions(_importing_varstore()).collect()
+    except Exception as error:
+        failures = _IMPORT_ERROR.findall(str(error))
+        if not failures:
+            raise
+        raise VarstoreError(
+            f"Spark's Python workers run {context.pythonExec}, which cannot import varstore ({failures[-1]}); set "
+            f"PYSPARK_PYTHON, or spark.pyspark.python, to a Python that has varstore installed (the driver's is "
+            f"{sys.executable}) before the SparkSession starts"
+        ) from None
+    _WORKERS_CHECKED.add(checked)
+
+
+def _importing_varstore() -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """A task that imports what `_write_partition` needs and yields nothing. Defined inside a function, so Spark's
+    cloudpickle sends it by value: a module-level function would be imported by name, from varstore itself."""
+
+    def task(rows: Iterator[Any]) -> Iterator[Any]:
+        import varstore.engines.spark  # noqa: F401, PLW0406 - on the worker, where it is not imported yet
+
+        return iter(())
+
+    return task
+
+
 def _run_job(results: DataFrame, run_id: str, destination: str) -> list[Any]:
     """Collect the tasks' result rows, in a job group of this run's own; return (or raise) only once no task of
     the job is still running, so that the commit or `abandon_run` that follows sees every file they write.
     (A failed job's other tasks are killed asynchronously and a successful job's speculative copies too.)"""
-    try:
-        context = results.sparkSession.sparkContext
-    except Exception:  # Spark Connect has no SparkContext: nothing to wait on from here
+    context = _context_of(results)
+    if context is None:  # Spark Connect: nothing to wait on from here
         return results.collect()
     previous = {key: context.getLocalProperty(key) for key in _JOB_GROUP_PROPERTIES}
     group = f"varstore-{run_id}"
@@ -125,6 +170,14 @@ def _run_job(results: DataFrame, run_id: str, destination: str) -> list[Any]:
         for key, value in previous.items():
             context.setLocalProperty(key, value)  # type: ignore[arg-type]  # None removes it
         _wait_for_tasks_to_end(context, group)
+
+
+def _context_of(frame: DataFrame) -> Any:
+    """The SparkContext of `frame`'s session, or None under Spark Connect, which has none."""
+    try:
+        return frame.sparkSession.sparkContext
+    except Exception:  # noqa: BLE001 - Spark Connect raises its own error (PySparkNotImplementedError, or older ones)
+        return None
 
 
 def _wait_for_tasks_to_end(context: Any, group: str, timeout: float = _TASK_END_TIMEOUT) -> None:

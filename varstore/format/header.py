@@ -9,6 +9,10 @@ nothing else. ``NAME.index`` describes them::
     [offsets_start, +8(N+1))  N + 1 uint64 offsets; record i is data[offsets[i]:offsets[i+1]]
     [.., +4N)                 N uint32 CRC32C record checksums, present when flag bit 0 is set
 
+Format 2.0 (a compressed shard, §1.6) puts the dictionary (D bytes) between the metadata's padding and the
+offsets, padded to 8 again, and ends with N uint32 decoded sizes; its header's byte 13 is the compression
+and its last reserved 8 bytes hold D and the dictionary's CRC32C.
+
 Header fields, in order: magic (8 bytes), major version (u16), minor version
 (u16), codec (u8), reserved (u8, zero), flags (u16), record count N (u64), data
 size (u64), metadata size M (u64), CRC32C of the whole data file (u32), CRC32C of
@@ -24,16 +28,23 @@ import struct
 from dataclasses import dataclass
 
 from ..errors import FormatError
+from . import compression as zstd_format
 from .checksum import Buffer, crc32c, crc32c_combine
 from .metadata import MAX_METADATA_SIZE
 
 MAGIC = b"\x89VSI\r\n\x1a\n"
 
 
-MAJOR_VERSION = 1
+MAJOR_VERSION = 1  # of an uncompressed shard; a compressed one is COMPRESSED_VERSION
 
 
 MINOR_VERSION = 1
+
+
+AUTO_NONE_MINOR_VERSION = 2  # 1.2: an uncompressed shard whose metadata records what "auto" measured (§1.6)
+
+
+COMPRESSED_VERSION = (2, 0)
 
 
 HEADER_SIZE = 64
@@ -87,31 +98,51 @@ class Header:
     data_edge_crc32c: int
     body_crc32c: int
     minor_version: int = MINOR_VERSION
+    compression: int = zstd_format.NONE
+    dictionary_size: int = 0
+    dictionary_crc32c: int = 0
+
+    @property
+    def major_version(self) -> int:
+        return COMPRESSED_VERSION[0] if self.compression else MAJOR_VERSION
+
+    @property
+    def version(self) -> tuple[int, int]:
+        return self.major_version, self.minor_version
 
     @property
     def has_record_checksums(self) -> bool:
         return bool(self.flags & FLAG_RECORD_CHECKSUMS)
 
     @property
-    def offsets_start(self) -> int:
+    def dictionary_start(self) -> int:
         return align8(HEADER_SIZE + self.metadata_size)
+
+    @property
+    def offsets_start(self) -> int:
+        return align8(self.dictionary_start + self.dictionary_size)
 
     @property
     def checksums_start(self) -> int:
         return self.offsets_start + OFFSET_SIZE * (self.record_count + 1)
 
     @property
+    def sizes_start(self) -> int:
+        """Where a compressed shard's decoded record sizes start (after the checksums, if any)."""
+        return self.checksums_start + (CHECKSUM_SIZE * self.record_count if self.has_record_checksums else 0)
+
+    @property
     def index_size(self) -> int:
         """The exact size the index file must have."""
-        return self.checksums_start + (CHECKSUM_SIZE * self.record_count if self.has_record_checksums else 0)
+        return self.sizes_start + (zstd_format.SIZE_BYTES * self.record_count if self.compression else 0)
 
     def pack(self) -> bytes:
         without_crc = _HEADER.pack(
             MAGIC,
-            MAJOR_VERSION,
+            self.major_version,
             self.minor_version,
             self.codec_id,
-            0,
+            self.compression,
             self.flags,
             self.record_count,
             self.data_size,
@@ -119,7 +150,7 @@ class Header:
             self.data_crc32c,
             self.data_edge_crc32c,
             self.body_crc32c,
-            bytes(8),
+            struct.pack("<II", self.dictionary_size, self.dictionary_crc32c),
             0,
         )
         return without_crc[:60] + struct.pack("<I", crc32c(without_crc[:60]))
@@ -141,37 +172,58 @@ def unpack_header(raw: bytes, *, index_size: int, path: str) -> Header:
      data_crc, edge_crc, body_crc, reserved, header_crc) = _HEADER.unpack_from(raw)
     if magic != MAGIC:
         raise FormatError(f"not a varstore index: magic is {magic!r}, expected {MAGIC!r}", path=path)
-    if major != MAJOR_VERSION:
-        raise FormatError(f"format version {major}.{minor} is not supported; this reader reads {MAJOR_VERSION}.x", path=path)
+    if major not in (MAJOR_VERSION, COMPRESSED_VERSION[0]):
+        raise FormatError(
+            f"format version {major}.{minor} is not supported; this reader reads {MAJOR_VERSION}.x and {COMPRESSED_VERSION[0]}.x",
+            path=path,
+        )
     actual_crc = crc32c(raw[:60])
     if header_crc != actual_crc:
         raise FormatError(f"header checksum is {header_crc:#010x}, computed {actual_crc:#010x}: the header is damaged", path=path)
-    if reserved_byte != 0 or reserved != bytes(8):
+    dictionary_size, dictionary_crc = struct.unpack("<II", reserved)
+    compression = reserved_byte
+    if major == MAJOR_VERSION and (reserved_byte != 0 or reserved != bytes(8)):
         raise FormatError("reserved header bytes are not zero", path=path)
     if flags & ~KNOWN_FLAGS:
         raise FormatError(f"unknown flags {flags:#06x}; this reader knows {KNOWN_FLAGS:#06x}", path=path)
+    if major != MAJOR_VERSION:
+        _check_compression_fields(compression, dictionary_size, dictionary_crc, path)
     if metadata_size > MAX_METADATA_SIZE:
         raise FormatError(f"metadata size {metadata_size} exceeds the limit of {MAX_METADATA_SIZE} bytes", path=path)
     if data_size > MAX_DATA_SIZE:
         raise FormatError(f"data size {data_size} exceeds the limit of {MAX_DATA_SIZE} bytes", path=path)
-    offsets_start = align8(HEADER_SIZE + metadata_size)
+    offsets_start = align8(align8(HEADER_SIZE + metadata_size) + dictionary_size)
     if index_size < offsets_start + OFFSET_SIZE:
         raise FormatError(
             f"index file is {index_size} bytes, smaller than offsets_start + 8 = {offsets_start + OFFSET_SIZE} "
             f"(the header, {metadata_size} bytes of metadata, padding and one offset)",
             path=path,
         )
-    per_record = OFFSET_SIZE + (CHECKSUM_SIZE if flags & FLAG_RECORD_CHECKSUMS else 0)
+    per_record = OFFSET_SIZE + (CHECKSUM_SIZE if flags & FLAG_RECORD_CHECKSUMS else 0) + (zstd_format.SIZE_BYTES if compression else 0)
     if record_count > (index_size - offsets_start - OFFSET_SIZE) // per_record:
         raise FormatError(
             f"header claims {record_count} records but the {index_size}-byte index file cannot hold them", path=path
         )
-    header = Header(codec_id, flags, record_count, data_size, metadata_size, data_crc, edge_crc, body_crc, minor)
+    header = Header(codec_id, flags, record_count, data_size, metadata_size, data_crc, edge_crc, body_crc, minor,
+                    compression, dictionary_size, dictionary_crc)
     if header.index_size != index_size:
         raise FormatError(
             f"index file is {index_size} bytes, expected {header.index_size} for {record_count} records", path=path
         )
     return header
+
+
+def _check_compression_fields(compression: int, dictionary_size: int, dictionary_crc: int, path: str) -> None:
+    """§1.3 step 4 for a 2.x header: the compression is zstd (1) or zstd with a dictionary (2), and the dictionary
+    fields are zero without a dictionary, its size within [8, MAX_DICTIONARY_SIZE] with one."""
+    if compression not in (zstd_format.ZSTD, zstd_format.ZSTD_DICT):
+        raise FormatError(f"compression {compression} is unknown; a 2.x shard is compressed with 1 (zstd) or 2 (zstd-dict)", path=path)
+    if compression == zstd_format.ZSTD and (dictionary_size or dictionary_crc):
+        raise FormatError("a zstd shard without a dictionary has a dictionary size or checksum", path=path)
+    if compression == zstd_format.ZSTD_DICT and not 8 <= dictionary_size <= zstd_format.MAX_DICTIONARY_SIZE:
+        raise FormatError(
+            f"dictionary size {dictionary_size} is outside [8, {zstd_format.MAX_DICTIONARY_SIZE}]", path=path
+        )
 
 
 def index_crc32c(header: Header) -> int:

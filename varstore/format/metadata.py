@@ -75,9 +75,11 @@ def canonical_json(value: Any, *, what: str) -> bytes:
     return dump_strict_json(value, what=what, sort_keys=True, separators=(",", ":"))
 
 
-def encode_metadata(codec_params: dict[str, Any], user: dict[str, Any]) -> bytes:
-    """The metadata block: canonical JSON, so equal inputs give equal bytes; refuses what a reader would refuse."""
-    raw = canonical_json({"codec": codec_params, "user": user}, what="metadata")
+def encode_metadata(codec_params: dict[str, Any], user: dict[str, Any], compression: dict[str, Any] | None = None) -> bytes:
+    """The metadata block: canonical JSON, so equal inputs give equal bytes; refuses what a reader would refuse.
+    `compression` is the member a compressed shard (or one "auto" left raw) holds (§1.6)."""
+    members = {"codec": codec_params, "user": user} | ({"compression": compression} if compression is not None else {})
+    raw = canonical_json(members, what="metadata")
     if len(raw) > MAX_METADATA_SIZE:
         raise FormatError(f"metadata is {len(raw)} bytes, over the limit of {MAX_METADATA_SIZE}")
     return raw
@@ -102,16 +104,14 @@ def parse_strict_json(raw: bytes, max_depth: int, *, what: str, path: str) -> An
         if raw.startswith(b"\xef\xbb\xbf"):
             raise ValueError("it starts with a byte order mark")
         text = raw.decode("utf-8")
-        depth = json_depth(raw)
+        depth, cost, members = json_shape(raw)
         if depth > max_depth:
             raise ValueError(f"arrays and objects nest {depth} deep, over the limit of {max_depth}")
-        value = json.loads(
-            text,
-            parse_constant=_refuse_constant,
-            parse_float=_finite_float,
-            parse_int=_bounded_int,
-            object_pairs_hook=_object_without_duplicates,
-        )
+        if cost > memory_limit(len(raw)):
+            raise ValueError(_over_limit(cost, len(raw)))
+        value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float, parse_int=_bounded_int)
+        if _member_count(value) != members:
+            raise ValueError(f"{_repeated_name(text)} appears twice in one object")
         if _MAYBE_SURROGATE_ESCAPE.search(text) and _holds_surrogate(value):
             raise ValueError("a string holds a lone surrogate escape (\\ud800-\\udfff), which is not Unicode text")
     except (UnicodeDecodeError, ValueError) as error:
@@ -123,15 +123,40 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    value = dict(pairs)
-    if len(value) != len(pairs):
-        seen: set[str] = set()
-        for name, _ in pairs:
-            if name in seen:
-                raise ValueError(f"member name {name!r} appears twice in one object")
-            seen.add(name)
-    return value
+def _over_limit(cost: int, size: int) -> str:
+    return (
+        f"its objects, arrays, members and commas cost {cost} bytes of memory by §1.4's count, over the limit of "
+        f"{COST_PER_BYTE} per byte + {COST_ALLOWANCE} = {memory_limit(size)} for its {size} bytes "
+        "(many tiny containers: store such data in records, not metadata)"
+    )
+
+
+def _member_count(value: Any) -> int:
+    """How many members the objects of a parsed JSON value hold; fewer than the text's `:` means a name repeated
+    (json keeps the last), so duplicates are found without building a list of pairs per object."""
+    count, pending = 0, [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            count += len(item)
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return count
+
+
+def _repeated_name(text: str) -> str:
+    """A name some object of `text` repeats, found by parsing it again, now keeping every object's pairs (only
+    on the way to refusing it, so the pairs' extra memory is spent once)."""
+    found: list[str] = []
+
+    def pairs_hook(pairs: list[tuple[str, Any]]) -> None:
+        names = [name for name, _ in pairs]
+        if not found and len(set(names)) != len(names):
+            found.extend(name for position, name in enumerate(names) if name in names[:position])
+
+    json.loads(text, object_pairs_hook=pairs_hook)
+    return f"member name {found[0]!r}" if found else "a member name"
 
 
 def _bounded_int(text: str) -> int:
@@ -174,42 +199,57 @@ def _holds_surrogate(value: Any) -> bool:
     return False
 
 
-_BRACKET_STEPS = np.zeros(256, np.int8)
+# §1.4's memory rule: the structure of a JSON text, counted outside strings, costs at most this many per byte of it
+# plus the allowance (the same bound as §2.2's for msgpack records). The costs are CPython's: an object is a dict, an
+# array a list, a member a dict entry and its key's hash-table slot, a comma one more reference in its container.
+COST_PER_BYTE = 16
+COST_ALLOWANCE = 128 << 10
+_STRUCTURE_COSTS = np.zeros(256, np.int64)
+_STRUCTURE_COSTS[[ord("{"), ord("["), ord(":"), ord(",")]] = (144, 80, 48, 8)
 
 
-_BRACKET_STEPS[[ord("["), ord("{")]] = 1
-
-
-_BRACKET_STEPS[[ord("]"), ord("}")]] = -1
+_DEPTH_STEPS = np.zeros(256, np.int8)
+_DEPTH_STEPS[[ord("["), ord("{")]] = 1
+_DEPTH_STEPS[[ord("]"), ord("}")]] = -1
 
 
 _BACKSLASH, _QUOTE = ord("\\"), ord('"')
 
 
-_DEPTH_CHUNK = 1 << 16
+_SCAN_CHUNK = 1 << 16
 
 
-def json_depth(raw: bytes) -> int:
-    """How deep arrays and objects nest in the JSON text `raw`, counted without parsing or recursing.
+def memory_limit(size: int) -> int:
+    """The most §1.4's structure cost of a JSON text of `size` bytes may be."""
+    return COST_PER_BYTE * size + COST_ALLOWANCE
 
-    Brackets count outside strings only; a quote ends a string unless an odd run of
-    backslashes precedes it. Vectorised over bounded chunks, so it allocates at most a
-    few bytes per byte of one chunk. On malformed text the count may be off after the
-    first error, but a parser stops there, so it never nests deeper than this count.
+
+def json_shape(raw: bytes) -> tuple[int, int, int]:
+    """How deep arrays and objects nest in the JSON text `raw`, its structure cost by §1.4 (144 per `{`, 80 per
+    `[`, 48 per `:`, 8 per `,`) and its count of `:` (members), all counted outside strings, without parsing.
+
+    A quote ends a string unless an odd run of backslashes precedes it. Vectorised over
+    bounded chunks, so it allocates at most a few bytes per byte of one chunk. On malformed
+    text the counts may be off after the first error, but a parser stops there, so it never
+    nests deeper or builds more than they say.
     """
     data = np.frombuffer(raw, np.uint8)
-    depth = deepest = 0
+    depth = deepest = cost = members = 0
     quotes_so_far = 0  # unescaped quotes before the chunk: odd means the chunk starts inside a string
     last_plain = -1  # position of the last byte before the chunk that is not a backslash
-    for start in range(0, len(data), _DEPTH_CHUNK):
-        chunk = data[start : start + _DEPTH_CHUNK]
+    for start in range(0, len(data), _SCAN_CHUNK):
+        chunk = data[start : start + _SCAN_CHUNK]
         positions = np.arange(start, start + len(chunk), dtype=np.int32)
         plain = np.maximum.accumulate(np.where(chunk == _BACKSLASH, np.int32(last_plain), positions))
         plain_before = np.concatenate(([last_plain], plain[:-1])).astype(np.int32)
         escaped = (positions - 1 - plain_before) & 1 == 1  # an odd run of backslashes right before
         quotes = np.cumsum((chunk == _QUOTE) & ~escaped, dtype=np.int32) + quotes_so_far
-        steps = np.where(quotes & 1, np.int8(0), _BRACKET_STEPS[chunk])
-        running = np.cumsum(steps, dtype=np.int32) + depth
-        deepest = max(deepest, int(running.max()))
-        depth, quotes_so_far, last_plain = int(running[-1]), int(quotes[-1]), int(plain[-1])
-    return deepest
+        outside = chunk[(quotes & 1) == 0]
+        running = np.cumsum(_DEPTH_STEPS[outside], dtype=np.int32) + depth
+        if len(running):
+            deepest = max(deepest, int(running.max()))
+            depth = int(running[-1])
+        cost += int(_STRUCTURE_COSTS[outside].sum())
+        members += int(np.count_nonzero(outside == ord(":")))
+        quotes_so_far, last_plain = int(quotes[-1]), int(plain[-1])
+    return deepest, cost, members

@@ -1,10 +1,12 @@
 """Maps and page-cache advice for shard files: a read-only map advised for random access, the background read
-of a cold index into the page cache, whether a file looks cached (reads that never wait), and ``pread`` that
-refuses a short read.
+of a cold index into the page cache, whether a file looks cached (``mincore``, which reads nothing), and ``pread``
+that refuses a short read.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import mmap
 import os
 
@@ -49,17 +51,48 @@ def prefetch_index(fd: int, size: int) -> bool:
 
 
 def looks_cached(fd: int, size: int) -> bool:
-    """Whether the middle and last bytes of the `size`-byte file are in the page cache: two reads that never wait
-    for the disk. False where the file system cannot tell (tmpfs answers EOPNOTSUPP), so advice is given there."""
+    """Whether the pages holding the middle and last bytes of the `size`-byte file are in the page cache, as
+    `mincore` tells of a map of each page that is never touched: asking starts no read (a read told not to wait
+    still starts one on some kernels, so a cold file asked twice looked cached). False where that cannot be told,
+    so advice is given there: no mincore, a descriptor that cannot be mapped, or (Linux reports only the pages a
+    process has mapped itself then) a file this process neither owns nor may write."""
     if size <= 0:
         return True  # nothing to read
-    if not hasattr(os, "RWF_NOWAIT"):
-        return False
-    probe = bytearray(1)
+    libc = _libc()
+    return libc is not None and all(_page_resident(libc, fd, offset) for offset in (size // 2, size - 1))
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    """The C library with `mmap`, `mincore` and `munmap` typed for `_page_resident`, or None where it has none."""
+    if os.name != "posix":
+        return None
     try:
-        return all(os.preadv(fd, [probe], position, os.RWF_NOWAIT) == 1 for position in (size // 2, size - 1))
-    except OSError:  # BlockingIOError: a page is not cached; EOPNOTSUPP and the like: the file system cannot tell
+        libc = ctypes.CDLL(None)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    except (OSError, AttributeError):  # no C library to load, or one without these functions
+        return None
+    return libc
+
+
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def _page_resident(libc: ctypes.CDLL, fd: int, offset: int) -> bool:
+    """Whether the page of the file open as `fd` holding byte `offset` is in the page cache (False if it cannot be
+    mapped: a pipe, a directory, a closed descriptor)."""
+    start = offset - offset % mmap.PAGESIZE
+    address = libc.mmap(None, mmap.PAGESIZE, mmap.PROT_READ, mmap.MAP_SHARED, fd, start)
+    if address == _MAP_FAILED:
         return False
+    try:
+        vector = ctypes.create_string_buffer(1)
+        return libc.mincore(address, mmap.PAGESIZE, vector) == 0 and bool(vector.raw[0] & 1)
+    finally:
+        libc.munmap(address, mmap.PAGESIZE)
 
 
 def pread_exactly(fd: int, size: int, offset: int, path: str) -> bytes:

@@ -24,6 +24,7 @@ from ..errors import CommandError, UsageError, VarstoreError
 from ..format import header as fmt
 from ..format.codecs import codec_from_stored
 from ..format.manifest import Manifest, ShardEntry
+from ..local.file_url import resolve_file_url
 from ..local.publish import remove_quietly
 from ..progress import Advance, Counter, ProgressBar, reporting
 from ..remote.filesystems import download_file, upload_file, with_retries
@@ -203,7 +204,7 @@ def copy(source: str | os.PathLike[str], destination: str | os.PathLike[str], *,
     `destination` is removed before the copy begins; otherwise one there is refused. `progress`
     (`varstore.progress`) is told the bytes to copy and each amount copied.
     """
-    source, destination = store_path(source), os.fspath(destination)
+    source, destination = store_path(source), resolve_file_url(destination)
     if _same_location(source, destination):
         raise UsageError(f"SRC and DST are the same place ({destination})")
     options = remote_options(storage_options, cache_dir, cache_limit)

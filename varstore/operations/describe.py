@@ -1,40 +1,51 @@
 """`describe`: what a shard or dataset holds, from headers and the manifest alone (instant at any size: at a URL,
-one request for the manifest and one for each shard's header, all at once, besides the open's checks)."""
+one request for the manifest and one for each shard's header, all at once, besides the open's checks).
+
+A dataset with damaged shards is described all the same, each damaged shard from its manifest entry and with the
+damage found, so that a user can see what the dataset is before verify or repair."""
 
 from __future__ import annotations
 
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, Callable
 
 import numpy as np
 
+from ..dataset.opening import open_setting_aside_damaged
 from ..dataset.reader import ShardedReader
+from ..errors import FormatError
 from ..format import header as fmt
 from ..format.codecs import make_codec
-from ..format.manifest import MANIFEST_NAME, MANIFEST_VERSION
+from ..format.manifest import MANIFEST_NAME, MANIFEST_VERSION, ShardEntry
 from ..remote.filesystems import read_heads, with_retries
-from .locations import Store, filesystem, open_store, remote_options
+from .locations import Store, filesystem, remote_options
 
 __all__ = ["Description", "ShardDescription", "describe", "describe_codec", "length_unit"]
+
+# What a shard that cannot be described from its header raises: its files are damaged or missing.
+_DAMAGE_ERRORS = (FormatError, FileNotFoundError)
 
 
 @dataclass(frozen=True)
 class ShardDescription:
-    """One shard as its index header describes it (`name` as the manifest lists it, or the shard's path)."""
+    """One shard as its index header describes it (`name` as the manifest lists it, or the shard's path); a
+    damaged one (`damage` says how) as its manifest entry does, its format version and checksums unknown."""
 
     name: str
-    format_version: tuple[int, int]
-    record_checksums: bool
+    format_version: tuple[int, int] | None
+    record_checksums: bool | None
     record_count: int
     data_size: int
     index_size: int
+    damage: str | None = None
 
     def as_json(self) -> dict[str, Any]:
-        return {"name": self.name, "format_version": list(self.format_version),
+        return {"name": self.name, "format_version": None if self.format_version is None else list(self.format_version),
                 "record_checksums": self.record_checksums, "record_count": self.record_count,
-                "data_size": self.data_size, "index_size": self.index_size}
+                "data_size": self.data_size, "index_size": self.index_size, "damage": self.damage}
 
 
 @dataclass(frozen=True)
@@ -44,7 +55,8 @@ class Description:
     `format_version` and `record_checksums` are None for a dataset whose shards differ (or that has none);
     `length_unit`, `rows` and `elements` are None but for ndarray stores (rows are tokens of a token store);
     `files` names what holds the store: a shard's index and data file, a dataset's manifest (its shards are in
-    `shards`). `file_size` counts every byte of them, the manifest included."""
+    `shards`). `file_size` counts every byte of them, the manifest included (a damaged shard's as the manifest
+    lists them)."""
 
     path: str
     kind: str
@@ -71,6 +83,11 @@ class Description:
     def manifest_size(self) -> int:
         return self.file_size - self.data_size - self.index_size
 
+    @property
+    def damaged_shards(self) -> list[ShardDescription]:
+        """A dataset's shards that failed the open's checks (their files truncated, missing or not as listed)."""
+        return [shard for shard in self.shards if shard.damage is not None]
+
     def as_json(self) -> dict[str, Any]:
         """The facts as JSON-ready values, as ``varstore info --json`` prints them."""
         facts: dict[str, Any] = {"path": self.path, "kind": self.kind}
@@ -86,6 +103,7 @@ class Description:
         facts["file_size"] = self.file_size
         if self.kind == "dataset":
             facts["shards"] = [shard.as_json() for shard in self.shards]
+            facts["damaged_shards"] = [shard.name for shard in self.damaged_shards]
         facts.update({"codec": self.codec, "codec_params": self.codec_params, "length_unit": self.length_unit,
                       "rows": self.rows, "elements": self.elements, "metadata": self.metadata})
         return facts
@@ -117,21 +135,47 @@ def _read_header(index_path: str) -> fmt.Header:
         return fmt.unpack_header(file.read(fmt.HEADER_SIZE), index_size=os.fstat(file.fileno()).st_size, path=index_path)
 
 
-def _listed_headers(store: ShardedReader, storage_options: dict[str, Any] | None) -> tuple[list[fmt.Header], int]:
-    """The header of every shard the manifest lists, and the manifest's size in bytes: read from the files, or at
-    a URL by one concurrent request per header (each shard's index is not fetched)."""
-    entries = store.manifest.shards
+def _header_or_damage(read: Callable[[], fmt.Header]) -> fmt.Header | str:
+    """The header `read` returns, or what makes it unreadable (a damaged or missing file)."""
+    try:
+        return read()
+    except _DAMAGE_ERRORS as error:
+        return str(error)
+
+
+def _listed_headers(store: ShardedReader, storage_options: dict[str, Any] | None) -> tuple[list[fmt.Header | str], int]:
+    """The header of every shard the manifest lists, or the damage that makes it unreadable (found at the open or
+    now), and the manifest's size in bytes: read from the files, or at a URL by one concurrent request per header
+    (each shard's index is not fetched; one at a time only to tell which shards fail, when some do)."""
+    entries, set_aside = store.manifest.shards, store._quarantine or {}
+    index_paths = [fmt.shard_paths(prefix)[1] for prefix in store.shard_paths]
     if not store.is_remote:
-        headers = [_read_header(fmt.shard_paths(prefix)[1]) for prefix in store.shard_paths]
+        headers = [set_aside[position] if position in set_aside else _header_or_damage(partial(_read_header, path))
+                   for position, path in enumerate(index_paths)]
         return headers, os.path.getsize(os.path.join(store.path, MANIFEST_NAME))
     fs, root = filesystem(store.path, storage_options)
-    heads = read_heads(fs, [(f"{root}/{entry.name}{fmt.INDEX_SUFFIX}", entry.index_size) for entry in entries],
-                       fmt.HEADER_SIZE, url=store.path)
-    headers = [fmt.unpack_header(head, index_size=entry.index_size, path=f"{prefix}{fmt.INDEX_SUFFIX}")
-               for head, entry, prefix in zip(heads, entries, store.shard_paths)]
+    wanted = [position for position in range(len(entries)) if position not in set_aside]
+    sized = [(f"{root}/{entries[position].name}{fmt.INDEX_SUFFIX}", entries[position].index_size) for position in wanted]
+    try:
+        heads: list[bytes | str] = list(read_heads(fs, sized, fmt.HEADER_SIZE, url=store.path))
+    except _DAMAGE_ERRORS:  # some shard's index is missing or short: asked one by one, to tell which
+        heads = [_head_or_damage(fs, one, index_paths[position]) for one, position in zip(sized, wanted)]
+    found: dict[int, fmt.Header | str] = dict(set_aside)
+    for position, head in zip(wanted, heads):
+        unpack = partial(fmt.unpack_header, head, index_size=entries[position].index_size, path=index_paths[position])
+        found[position] = head if isinstance(head, str) else _header_or_damage(unpack)
+    headers = [found[position] for position in range(len(entries))]
     manifest_url = f"{store.path.rstrip('/')}/{MANIFEST_NAME}"
     manifest_size = with_retries(lambda: fs.size(f"{root}/{MANIFEST_NAME}"), what="finding the manifest's size", url=manifest_url)
     return headers, int(manifest_size)
+
+
+def _head_or_damage(fs: Any, sized_path: tuple[str, int], url: str) -> bytes | str:
+    """One shard's header bytes, or why they cannot be read (a missing or short index object, at `url`)."""
+    try:
+        return read_heads(fs, [sized_path], fmt.HEADER_SIZE, url=url)[0]
+    except _DAMAGE_ERRORS as error:
+        return str(error)
 
 
 def _shard_description(name: str, header: fmt.Header) -> ShardDescription:
@@ -139,8 +183,15 @@ def _shard_description(name: str, header: fmt.Header) -> ShardDescription:
                             header.record_count, header.data_size, header.index_size)
 
 
+def _listed_description(entry: ShardEntry, header: fmt.Header | str) -> ShardDescription:
+    """A listed shard by its header, or by its manifest entry when `header` is the damage that made it unreadable."""
+    if isinstance(header, str):
+        return ShardDescription(entry.name, None, None, entry.records, entry.data_size, entry.index_size, damage=header)
+    return _shard_description(entry.name, header)
+
+
 def _uniform(values: list[Any]) -> Any:
-    """The value every shard shares, or None when they differ."""
+    """The value every shard shares, or None when they differ (or there are none)."""
     return values[0] if values and all(value == values[0] for value in values) else None
 
 
@@ -172,13 +223,14 @@ def _describe(store: Store, storage_options: dict[str, Any] | None) -> Descripti
             **common, **_lengths(store, shard.data_size),
         )
     headers, manifest_size = _listed_headers(store, storage_options)
-    shards = [_shard_description(entry.name, header) for entry, header in zip(store.manifest.shards, headers)]
+    shards = [_listed_description(entry, header) for entry, header in zip(store.manifest.shards, headers)]
+    intact = [shard for shard in shards if shard.damage is None]
     data_size = sum(shard.data_size for shard in shards)
     index_size = sum(shard.index_size for shard in shards)
     return Description(
         path=store.path, kind="dataset", files=(MANIFEST_NAME,), manifest_version=MANIFEST_VERSION,
-        format_version=_uniform([shard.format_version for shard in shards]),
-        record_checksums=_uniform([shard.record_checksums for shard in shards]),
+        format_version=_uniform([shard.format_version for shard in intact]),
+        record_checksums=_uniform([shard.record_checksums for shard in intact]),
         record_count=len(store), data_size=data_size, index_size=index_size,
         file_size=data_size + index_size + manifest_size, shards=shards,
         **common, **_lengths(store, data_size),
@@ -189,6 +241,10 @@ def describe(path: str | os.PathLike[str], *, storage_options: dict[str, Any] | 
              cache_dir: str | os.PathLike[str] | None = None, cache_limit: int | None = None) -> Description:
     """What the shard or dataset at `path` (a local path or a URL) holds: format version, codec, record count
     (and rows, or tokens, of ndarray stores), sizes, checksums, metadata and shards, read from headers and the
-    manifest alone, never from a record."""
-    with open_store(os.fspath(path), **remote_options(storage_options, cache_dir, cache_limit)) as store:
+    manifest alone, never from a record.
+
+    A dataset whose shards fail the open's checks, or whose headers cannot be read, is described all the same:
+    each such shard from its manifest entry, with the damage found (`Description.damaged_shards`); `verify`
+    finds what only reading every record can (a flipped payload byte, say)."""
+    with open_setting_aside_damaged(path, **remote_options(storage_options, cache_dir, cache_limit)) as store:
         return _describe(store, storage_options)

@@ -11,6 +11,7 @@ from ..dataset import opening
 from ..dataset.reader import ShardedReader
 from ..format import header as fmt
 from ..format.manifest import MANIFEST_NAME
+from ..local.file_url import resolve_file_url
 from ..remote.filesystems import is_url, open_filesystem
 from ..shard.reader import Reader
 from ..shard.remote_shard import RemoteShard
@@ -21,8 +22,9 @@ Store = Reader | ShardedReader | RemoteShard
 
 
 def store_path(path: str | os.PathLike[str]) -> str:
-    """The path to open for what a user named: a dataset's ``manifest.json`` stands for its directory."""
-    path = os.fspath(path)
+    """The path to open for what a user named: a dataset's ``manifest.json`` stands for its directory, a
+    ``file://`` URL for the local path it names (`resolve_file_url`)."""
+    path = resolve_file_url(path)
     if not is_url(path) and os.path.basename(path) == MANIFEST_NAME and os.path.isfile(path):
         return os.path.dirname(path) or "."
     return path

@@ -18,6 +18,7 @@ from ..errors import CommandError, UsageError
 from ..format import header as fmt
 from ..format.codecs import make_codec
 from ..format.manifest import Manifest, ShardEntry
+from ..local.file_url import resolve_file_url
 from ..local.manifest_file import describe_shard
 from ..progress import ProgressBar, reporting
 from .describe import describe_codec
@@ -146,7 +147,7 @@ def merge(sources: Sequence[str | os.PathLike[str]], destination: str | os.PathL
     (`varstore.progress`) is told the bytes of shard files to bring and each amount brought.
     """
     paths = [store_path(source) for source in sources]
-    destination = os.fspath(destination)
+    destination = resolve_file_url(destination)
     if not paths:
         raise UsageError("merge needs at least one source")
     for path in paths:

@@ -75,12 +75,12 @@ def _damaged_shards(directory: str) -> tuple[list[ShardEntry], list[tuple[ShardE
 def repair(path: str | os.PathLike[str], *, write: bool = False) -> RepairReport:
     """Verify every shard of the dataset directory `path` (or its manifest.json) and list those that fail; with
     `write`, under the dataset's writer lock, commit a manifest without them (their files are left in place)."""
-    if is_url(os.fspath(path)):
+    directory = store_path(path)
+    if is_url(directory):
         raise UsageError(
-            f"{os.fspath(path)}: repair works on a dataset in a local directory; copy it here (varstore cp URL DIR), "
+            f"{directory}: repair works on a dataset in a local directory; copy it here (varstore cp URL DIR), "
             "repair it, and copy it back"
         )
-    directory = store_path(path)
     if not os.path.isdir(directory):
         raise UsageError(f"{directory} is not a dataset directory (repair drops shards from a dataset's manifest)")
     with lock_directory(directory) if write else contextlib.nullcontext():

@@ -33,10 +33,10 @@ refused with an error naming it.
 The cache knows nothing about URLs: a key is any string, and the caller passes the function that
 downloads it. An object's file name hashes its key, its size, its CRC32C and its `identity`: whatever else the
 caller knows that tells this content from other bytes under the same key (the remote readers pass the
-dataset's version, the shard's manifest entry, the store's ETags and the index header), because a size and
-a CRC32C alone do not (two index files that differ only in their header have the same size and CRC32C: a
-header ends with the CRC32C of its first 60 bytes, and the CRC32C of any message followed by its own
-CRC32C is a constant).
+dataset's version and the shard's manifest entry; a shard opened alone, the store's ETags and its index
+header), because a size and a CRC32C alone do not (two index files that differ only in their header have the
+same size and CRC32C: a header ends with the CRC32C of its first 60 bytes, and the CRC32C of any message
+followed by its own CRC32C is a constant).
 """
 
 from __future__ import annotations
@@ -148,7 +148,9 @@ class NodeCache:
         for stale in [final, *self._temporaries_of(final)]:  # a wrong-sized file, dead downloads
             _remove_entry(stale)
         if self.limit_bytes is not None:
-            self.evict(size)
+            # Room for what fits the limit; an object larger than it (or a size a forged manifest gave, 2**62)
+            # has every other object evicted only at its publish, once it arrived as expected.
+            self.evict(size if size <= self.limit_bytes else 0)
         temporary = temporary_path(final)
         fd = -1
         try:

@@ -21,7 +21,9 @@ more than one byte past the length wanted (the range, the download's size when t
 manifest's limit): a body whose headers already say it is not that length is refused before it is read, and
 one that runs longer is refused at that byte, so a server that ignores Range costs the bytes asked for plus
 what the HTTP client reads ahead on the connection (a few hundred KiB at most), never the whole object in
-memory or on disk. Other backends read through fsspec (`cat_ranges`, `cat_file`), which holds a whole body
+memory or on disk. A ranged response also names the object's size (Content-Range): one that is not the size
+the caller gave is a `FormatError` at once, never retried (so readers learn an object's size from their first
+read of it, without a HEAD: `checks_object_size`). Other backends read through fsspec (`cat_ranges`, `cat_file`), which holds a whole body
 before its length can be checked.
 
 A missing bucket and refused credentials are `StorageError`s that say so (not "no such object"), never retried.
@@ -34,7 +36,7 @@ Request cost, when nothing fails (each transient failure adds one request for wh
 - `upload_file`: one PUT; s3fs uploads a large file (twice its block size, 50 MiB, or more) in parts, a
   request each plus two. A retry sends the whole file again.
 - `download_file`: one GET; for an object larger than s3fs's block size (50 MiB) whose size the caller gives,
-  one ranged GET per block instead, `fs.max_concurrency` at once (other backends: one GET, and for a large
+  a HEAD (its size must be that one) and one ranged GET per block instead, `fs.max_concurrency` at once (other backends: one GET, and for a large
   object what the backend does). A retry fetches only the blocks still missing (s3://) or the whole object.
 
 Fork safety: a filesystem holds sockets and, for async backends (s3fs), an event loop thread, neither of
@@ -61,7 +63,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 
-from ..errors import MissingFileError, ShardExistsError, StorageError, VarstoreError
+from ..errors import FormatError, MissingFileError, ShardExistsError, StorageError, VarstoreError
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
@@ -110,6 +112,11 @@ _CREDENTIAL_ERROR_CODES = frozenset(
 class _TruncatedBody(ConnectionError):
     """A response carried fewer (or more) bytes than the range asked for: a cut connection, or a server that
     ignored the Range header; retried (and never read past the length asked for on s3://)."""
+
+
+class _WrongObjectSize(Exception):
+    """A ranged response of an object whose size is not the one the caller knows: not retried, and raised as a
+    `FormatError` naming the URL (the object is not the one a manifest or index describes)."""
 
 
 class _DeadlineExceeded(Exception):
@@ -189,7 +196,11 @@ def with_retries(
             return action()
         except VarstoreError:
             raise
+        except _WrongObjectSize as error:
+            raise FormatError(f"{what}: {error}", path=url) from None
         except Exception as error:
+            if _error_code(error)[0] == "InvalidRange":  # S3's 416: a range this code checked against the size given
+                raise FormatError(f"{what}: the object is shorter than the size expected", path=url) from error
             refusal = _refusal(error, what, url)
             if refusal is not None:
                 raise refusal from error
@@ -386,11 +397,13 @@ def _spelled(value: Any) -> str:
 
 @dataclass(frozen=True)
 class _Span:
-    """One request: bytes [start, end) of the object at `path`, covering one or more wanted ranges."""
+    """One request: bytes [start, end) of the object at `path`, covering one or more wanted ranges; `object_size`
+    is the size the caller knows the object has (a response that says otherwise is refused)."""
 
     path: str
     start: int
     end: int
+    object_size: int
 
 
 def read_range(
@@ -430,7 +443,7 @@ def read_ranges(
     for start, end in ranges:
         if not 0 <= start <= end <= size:
             raise VarstoreError(f"byte range [{start}, {end}) is not within the object's {size} bytes", path=url)
-    spans = _merge_ranges(path, [(start, end) for start, end in ranges if end > start], max_gap)
+    spans = _merge_ranges(path, [(start, end) for start, end in ranges if end > start], max_gap, size)
     fetched = _fetch_spans(fs, spans, what=f"reading {len(spans)} byte range(s)", url=url, sleep=sleep)
     span_starts = [span.start for span in spans]
     return [_cut(fetched, spans, span_starts, start, end) for start, end in ranges]
@@ -446,7 +459,7 @@ def read_heads(
 ) -> list[bytes]:
     """The first `length` bytes (all, if fewer) of each object in `sized_paths` (path, size), in order:
     one GET per object, all concurrent, each checked for its exact length and retried while missing."""
-    spans = [_Span(path, 0, min(length, size)) for path, size in sized_paths]
+    spans = [_Span(path, 0, min(length, size), size) for path, size in sized_paths]
     wanted = [span for span in spans if span.end > 0]
     fetched = _fetch_spans(fs, wanted, what=f"reading {len(spans)} headers", url=url, sleep=sleep)
     return [fetched.get(span, b"") for span in spans]
@@ -566,15 +579,15 @@ def _offset(value: object, url: str) -> int:
     raise VarstoreError(f"a byte offset must be an integer, not {type(value).__name__} {value!r}", path=url)
 
 
-def _merge_ranges(path: str, ranges: Sequence[tuple[int, int]], max_gap: int) -> list[_Span]:
-    """The spans of `path` to request for non-empty `ranges`: sorted, overlapping or `max_gap`-near ranges joined
-    (a hole of exactly `max_gap` bytes too)."""
+def _merge_ranges(path: str, ranges: Sequence[tuple[int, int]], max_gap: int, size: int) -> list[_Span]:
+    """The spans of `path`, an object of `size` bytes, to request for non-empty `ranges`: sorted, overlapping or
+    `max_gap`-near ranges joined (a hole of exactly `max_gap` bytes too)."""
     spans: list[_Span] = []
     for start, end in sorted(ranges):
         if spans and start - spans[-1].end <= max_gap:
-            spans[-1] = _Span(path, spans[-1].start, max(spans[-1].end, end))
+            spans[-1] = _Span(path, spans[-1].start, max(spans[-1].end, end), size)
         else:
-            spans.append(_Span(path, start, end))
+            spans.append(_Span(path, start, end, size))
     return spans
 
 
@@ -637,6 +650,10 @@ def download_file(
         with_retries(lambda: _call(fs, "get_file", path, local_path, nbytes=size or 0), what=what, url=url, sleep=sleep)
         return
     block = max(1, int(getattr(fs, "default_block_size", None) or 50 << 20))
+    if size > block:  # one HEAD before planning the blocks: a size from a forged manifest may be 2**62 bytes
+        found = object_info(fs, path, url=url, sleep=sleep).size
+        if found != size:
+            raise FormatError(f"{what}: the object is {found} bytes, not the {size} expected", path=url)
     parts = [(start, min(start + block, size)) for start in range(0, size, block)] or [(0, 0)]
     whole = len(parts) == 1  # one GET without a Range: botocore then checks the object's own checksum, if stored
     done: set[tuple[int, int]] = set()
@@ -645,7 +662,7 @@ def download_file(
 
         def fetch_missing() -> None:
             missing = [part for part in parts if part not in done]
-            makers = [functools.partial(_s3_download_part, fs, path, fd, start, end, not whole) for start, end in missing]
+            makers = [functools.partial(_s3_download_part, fs, path, fd, start, end, not whole, size) for start, end in missing]
             deadlines = [request_deadline(end - start) for start, end in missing]
             concurrency = max(1, min(int(getattr(fs, "max_concurrency", 1) or 1), _pool_size(fs)))
             failures: list[BaseException] = []
@@ -674,6 +691,12 @@ def _local_size(path: str) -> int:
 
 def _is_async(fs: Any) -> bool:
     return bool(getattr(fs, "async_impl", False))
+
+
+def checks_object_size(fs: Any) -> bool:
+    """Whether ranged reads through `fs` refuse a response of an object that is not the size the caller gave (s3://:
+    each response's Content-Range names the object's size); elsewhere a caller who must know asks with a HEAD."""
+    return _is_s3(fs)
 
 
 def _is_s3(fs: Any) -> bool:
@@ -766,13 +789,20 @@ async def _s3_get_object(fs: Any, path: str, byte_range: tuple[int, int] | None)
     return await fs._call_s3("get_object", Bucket=bucket, Key=key, **extra)
 
 
-def _check_declared(response: dict[str, Any], start: int, end: int, ranged: bool) -> None:
-    """Refuse, before reading a byte of it, a response whose headers say its body is not bytes [start, end)."""
+def _check_declared(response: dict[str, Any], start: int, end: int, ranged: bool, object_size: int) -> None:
+    """Refuse, before reading a byte of it, a response whose headers say its body is not bytes [start, end) of an
+    object of `object_size` bytes. A range of an object of another size is no fault of the way: `_WrongObjectSize`,
+    never retried (the object is not the one the caller knows, and asking again cannot change that)."""
     declared = response.get("ContentLength")
+    content_range = str(response.get("ContentRange") or "") if ranged else ""
+    total = content_range.rpartition("/")[2]
+    if content_range and total != str(object_size):  # first: a shorter object also answers with fewer bytes
+        raise _WrongObjectSize(f"the object is {total} bytes, not the {object_size} expected")
     if isinstance(declared, int) and declared != end - start:
+        if not ranged:  # the whole object's length is its size
+            raise _WrongObjectSize(f"the object is {declared} bytes, not the {object_size} expected")
         raise _wrong_length(start, end, declared)
-    content_range = response.get("ContentRange")
-    if ranged and content_range and not str(content_range).startswith(f"bytes {start}-{end - 1}/"):
+    if content_range and not content_range.startswith(f"bytes {start}-{end - 1}/"):
         raise _TruncatedBody(
             f"bytes [{start}, {end}) came back as {content_range}: the object changed, or the server ignored the Range header"
         )
@@ -802,7 +832,7 @@ async def _s3_read_span(fs: Any, span: _Span) -> bytes:
     response = await _s3_get_object(fs, span.path, (span.start, span.end))
     body = response["Body"]
     try:
-        _check_declared(response, span.start, span.end, ranged=True)
+        _check_declared(response, span.start, span.end, True, span.object_size)
         buffer = bytearray()
         await _stream_body(body, span.start, span.end, lambda _, chunk: buffer.extend(chunk))
         return bytes(buffer)
@@ -827,13 +857,13 @@ async def _s3_read_prefix(fs: Any, path: str, limit: int) -> bytes:
         body.close()
 
 
-async def _s3_download_part(fs: Any, path: str, fd: int, start: int, end: int, ranged: bool) -> None:
-    """Bytes [start, end) of the object at `path` written at their offsets in the file `fd` (the whole object, in
-    one GET without a Range, unless `ranged`)."""
+async def _s3_download_part(fs: Any, path: str, fd: int, start: int, end: int, ranged: bool, size: int) -> None:
+    """Bytes [start, end) of the object at `path`, `size` bytes long, written at their offsets in the file `fd`
+    (the whole object, in one GET without a Range, unless `ranged`)."""
     response = await _s3_get_object(fs, path, (start, end) if ranged else None)
     body = response["Body"]
     try:
-        _check_declared(response, start, end, ranged)
+        _check_declared(response, start, end, ranged, size)
         await _stream_body(body, start, end, functools.partial(_write_at, fd))
     finally:
         body.close()

@@ -15,16 +15,17 @@ import functools
 import mmap
 import os
 import struct
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
 from ..errors import CorruptRecordError, FormatError
+from ..format import compression as zstd_format
 from ..format import header as fmt
-from ..format.checksum import crc32c, crc32c_of_range, crc32c_of_ranges
+from ..format.checksum import crc32c, crc32c_of_ranges
 from ..format.codecs import Codec, check_bool_bytes, codec_from_stored
 from ..format.header import Header
-from ..format.metadata import decode_metadata
+from ..format.metadata import MAX_METADATA_DEPTH, decode_metadata, parse_strict_json
 from ..local.mapping import looks_cached, map_file, pread_exactly, prefetch_index
 
 _OFFSET = struct.Struct("<Q")
@@ -36,15 +37,33 @@ _MAX_LISTED_RECORDS = 20
 _UTF8_PIECE = 8 << 20
 
 
-ITERATION_CHUNK = 4096  # records per chunk of a scan (verify here, iteration in `Reader`)
+ITERATION_CHUNK = 4096  # records per chunk of iteration in `Reader`
+
+
+VERIFY_CHUNK_BYTES = 256 << 10  # data a verification reads at once (more for one larger record): it stays in cache
+
+
+_VERIFY_RECORDS = 1 << 16  # offsets a verification reads at once
 
 
 DECODE_ERRORS = (ValueError, TypeError, UnicodeDecodeError)  # what a codec's decode raises on bad bytes
 
 
+class VerifyChunk(NamedTuple):
+    """Consecutive records read for verification: records first, first + 1, ... at `offsets` in the data file,
+    whose bytes from offsets[0] to offsets[-1] are `data` (so `relative` = offsets - offsets[0] index into it), which
+    may be a buffer the next chunk's read reuses."""
+
+    first: int
+    offsets: np.ndarray
+    relative: np.ndarray
+    data: Any
+    checksums: np.ndarray | None  # their stored CRC32Cs, when the shard has them
+
+
 # A rule of `ShardIndex.record_rules`: (what one and many failing records do, for an error message;
-# a function of (chunk_start, offsets) listing the failing records of one chunk).
-RecordRule = tuple[tuple[str, str], Callable[[int, np.ndarray], list[int]]]
+# a function of a `VerifyChunk` listing its failing records).
+RecordRule = tuple[tuple[str, str], Callable[[VerifyChunk], list[int]]]
 
 
 def _is_utf8(data: Any, start: int, end: int) -> bool:
@@ -90,7 +109,8 @@ class ShardIndex:
     """
 
     def __init__(
-        self, index_map: mmap.mmap | bytes, header: Header, codec: Codec, data_size: int, *, index_path: str, data_path: str
+        self, index_map: mmap.mmap | bytes, header: Header, codec: Codec, data_size: int, *, index_path: str, data_path: str,
+        decompressor: zstd_format.Decompressor | None = None,
     ) -> None:
         self.map = index_map
         self.header = header
@@ -103,6 +123,11 @@ class ShardIndex:
         self.offsets: np.ndarray = np.frombuffer(index_map, "<u8", header.record_count + 1, header.offsets_start)
         self.checksums: np.ndarray | None = (
             np.frombuffer(index_map, "<u4", header.record_count, header.checksums_start) if header.has_record_checksums else None
+        )
+        # A compressed shard (§1.6): what decodes its frames, and each record's decoded size.
+        self.decompressor = decompressor
+        self.sizes: np.ndarray | None = (
+            np.frombuffer(index_map, "<u4", header.record_count, header.sizes_start) if header.compression else None
         )
 
     @classmethod
@@ -120,10 +145,13 @@ class ShardIndex:
         cold = not looks_cached(index_fd, index_size)  # asked before this open's own reads cache parts of it
         header = fmt.unpack_header(os.pread(index_fd, fmt.HEADER_SIZE, 0), index_size=index_size, path=index_path)
         preamble = pread_exactly(index_fd, header.offsets_start - fmt.HEADER_SIZE, fmt.HEADER_SIZE, index_path)
-        if any(preamble[header.metadata_size :]):
+        dictionary_at = header.dictionary_start - fmt.HEADER_SIZE
+        dictionary = preamble[dictionary_at : dictionary_at + header.dictionary_size]
+        if any(preamble[header.metadata_size : dictionary_at]) or any(preamble[dictionary_at + header.dictionary_size :]):
             raise FormatError("padding after the metadata is not zero", path=index_path)
         codec_params, _ = decode_metadata(preamble[: header.metadata_size], path=index_path)
-        del preamble  # the user metadata is parsed again, from the map, only if `metadata` is read
+        decompressor = _decompressor(header, preamble[: header.metadata_size], dictionary, index_path) if header.compression else None
+        del preamble, dictionary  # the user metadata is parsed again, from the map, only if `metadata` is read
         codec = codec_from_stored(header.codec_id, codec_params, path=index_path)
         if data_size != header.data_size:
             raise FormatError(
@@ -132,7 +160,7 @@ class ShardIndex:
                 path=data_path,
             )
         dtype = getattr(codec, "dtype", None)
-        if dtype is not None and data_size % codec.row_size:  # type: ignore[attr-defined]
+        if dtype is not None and not header.compression and data_size % codec.row_size:  # type: ignore[attr-defined]
             raise FormatError(
                 f"data file is {data_size} bytes, not a whole number of {codec.row_size}-byte rows "  # type: ignore[attr-defined]
                 f"(dtype {dtype.str}, trailing shape {list(getattr(codec, 'shape', None) or ())})",
@@ -151,7 +179,7 @@ class ShardIndex:
         index_map = map_file(index_fd, index_size)
         if cold:
             prefetch_index(index_fd, index_size)
-        return cls(index_map, header, codec, data_size, index_path=index_path, data_path=data_path)
+        return cls(index_map, header, codec, data_size, index_path=index_path, data_path=data_path, decompressor=decompressor)
 
     def metadata(self) -> dict[str, Any]:
         """The user metadata the writer stored, parsed from the mapped index."""
@@ -179,6 +207,17 @@ class ShardIndex:
             records=records,
         )
 
+    def decompress(self, index: int, data: Any, start: int, end: int, size: int) -> bytes:
+        """Record `index`'s frame data[start:end] of a compressed shard, decoded to its declared `size` bytes (§1.6)."""
+        try:
+            return self.decompressor.decompress(data, start, end, size)  # type: ignore[union-attr]
+        except ValueError as error:
+            raise CorruptRecordError(
+                f"record {index} is not a valid frame of this {zstd_format.NAMES[self.header.compression]} shard: {error}",
+                path=self.data_path,
+                records=[index],
+            ) from None
+
     def decode_error(self, index: int, error: Exception) -> CorruptRecordError:
         return CorruptRecordError(
             f"record {index} does not decode as {self.codec.name}: {error}", path=self.data_path, records=[index]
@@ -189,8 +228,11 @@ class ShardIndex:
     def checked_offsets(self, start: int, stop: int) -> np.ndarray:
         """Offsets of records [start, stop), or a CorruptRecordError listing every record among them whose offsets
         go backwards or past the end of the data file (one vectorised comparison when nothing is wrong)."""
-        offsets = self.offsets[start : stop + 1]
-        if stop > start and ((offsets[1:] < offsets[:-1]).any() or offsets[-1] > self.data_size):
+        return self._check_offsets(start, self.offsets[start : stop + 1])
+
+    def _check_offsets(self, start: int, offsets: np.ndarray) -> np.ndarray:
+        """`offsets`, those of records [start, start + len(offsets) - 1), or the error `checked_offsets` raises."""
+        if len(offsets) > 1 and ((offsets[1:] < offsets[:-1]).any() or offsets[-1] > self.data_size):
             bad = np.flatnonzero((offsets[1:] < offsets[:-1]) | (offsets[1:] > self.data_size))
             first = int(bad[0])
             raise self.offsets_error(start + first, int(offsets[first]), int(offsets[first + 1]), (bad + start).tolist())
@@ -207,8 +249,15 @@ class ShardIndex:
         return starts, ends
 
     def record_sizes(self) -> np.ndarray:
-        """Every record's payload size in bytes (computes over all N offsets, checking them as reads do)."""
+        """Every record's payload size in bytes (computes over all N offsets, checking them as reads do); a
+        compressed shard's decoded sizes, from its index."""
         offsets = self.checked_offsets(0, self.count)
+        if self.sizes is not None:
+            sizes = self.sizes.astype(np.int64)
+            if self.dtype is not None and self.count:
+                ends = np.cumsum(sizes)
+                self.check_rows(np.arange(self.count), ends - sizes, ends)
+            return sizes
         if self.dtype is not None and self.count:
             self.check_rows(np.arange(self.count), offsets[:-1], offsets[1:])
         return np.diff(offsets).astype(np.int64)
@@ -279,41 +328,52 @@ class ShardIndex:
     # -- verify ------------------------------------------------------------------------------
 
     def verify(
-        self, data: Any, decode: Callable[[Any, int, int], Any] | None, progress: Callable[[int], None] | None = None
+        self,
+        data: Any,
+        decode: Callable[[Any, int, int], Any] | None,
+        progress: Callable[[int], None] | None = None,
+        *,
+        read_index: Callable[[int, int], Any] | None = None,
     ) -> None:
-        """Check every byte of the index and of `data` (the whole data file, decoded by `decode`) and, for every
-        record, every rule a read checks (§1.3).
+        """Check every byte of the index and of the data file and, for every record, every rule a read checks (§1.3).
 
-        In order: the index body checksum; that offsets never decrease; then, a chunk
-        of records at a time, the whole data file's CRC32C (always: record checksums
-        locate damage but do not vouch for the header's ``data_crc32c``), each record's
-        checksum when the shard has them, and every rule of `record_rules`. Raises on
-        a damaged structure at once; damaged records are all listed in one
-        CorruptRecordError. `progress` receives byte counts of the data file.
+        `data` is the data file as a buffer (a map of a cached copy), or a function (offset, length) -> bytes that
+        reads it; `read_index` likewise reads the index file (by default, from its map). A local shard is read
+        with ``pread``, never through a map: a hole of a sparse file on a full filesystem cannot be faulted in
+        (the kernel kills the process with SIGBUS), while ``pread`` returns its zeros. `decode` decodes a
+        ``msgpack`` record as reads do.
+
+        In order: the index body checksum; then, a chunk of records at a time (`VERIFY_CHUNK_BYTES`, or one
+        larger record), that the offsets never decrease, the whole data file's CRC32C (always: record
+        checksums locate damage but do not vouch for the header's ``data_crc32c``), each record's checksum
+        when the shard has them, and every rule of `record_rules`. Raises on a damaged structure at once;
+        damaged records are all listed in one CorruptRecordError. `progress` receives byte counts of the data file.
         """
         header = self.header
-        body_crc = crc32c_of_range(self.map, fmt.HEADER_SIZE, header.index_size)
+        read_data = data if callable(data) else _buffer_reader(data)
+        read_index = read_index or _buffer_reader(self.map)
+        body_crc = 0
+        for start in range(fmt.HEADER_SIZE, header.index_size, VERIFY_CHUNK_BYTES):
+            body_crc = crc32c(read_index(start, min(VERIFY_CHUNK_BYTES, header.index_size - start)), body_crc)
         if body_crc != header.body_crc32c:
             raise FormatError(
                 f"index body checksum is {body_crc:#010x}, expected {header.body_crc32c:#010x}", path=self.index_path
             )
-        self.checked_offsets(0, self.count)
-        rules = self.record_rules(data, decode)
+        rules = self.record_rules(decode)
         failed: dict[tuple[str, str], list[int]] = {_BAD_CHECKSUM: [], **{reason: [] for reason, _ in rules}}
         data_crc = 0
-        with memoryview(data) as view:
-            for chunk_start in range(0, self.count, ITERATION_CHUNK):
-                offsets = self.offsets[chunk_start : min(chunk_start + ITERATION_CHUNK, self.count) + 1]
-                data_crc = crc32c(view[int(offsets[0]) : int(offsets[-1])], data_crc)
-                if self.checksums is not None:
-                    failed[_BAD_CHECKSUM] += self._bad_checksums(view, chunk_start, offsets)
-                for reason, find_failing in rules:
-                    failed[reason] += find_failing(chunk_start, offsets)
-                if progress is not None:
-                    progress(int(offsets[-1] - offsets[0]))
+        for chunk in self._verify_chunks(read_index, read_data):
+            data_crc = crc32c(chunk.data, data_crc)
+            if chunk.checksums is not None:
+                wrong = np.flatnonzero(crc32c_of_ranges(chunk.data, chunk.relative) != chunk.checksums)
+                failed[_BAD_CHECKSUM] += (wrong + chunk.first).tolist()
+            for reason, find_failing in rules:
+                failed[reason] += find_failing(chunk)
+            if progress is not None:
+                progress(len(chunk.data))
         problems = [f"{_counted(records, *reason)}: {_describe(records)}" for reason, records in failed.items() if records]
         if data_crc != header.data_crc32c and not failed[_BAD_CHECKSUM]:  # else those records explain it
-            also = ", though every record passes its own checksum" if self.checksums is not None else ""
+            also = ", though every record passes its own checksum" if header.has_record_checksums else ""
             problems.append(
                 f"data checksum is {data_crc:#010x}, expected {header.data_crc32c:#010x} (the header's data_crc32c){also}"
             )
@@ -321,18 +381,40 @@ class ShardIndex:
             damaged = sorted(set().union(*failed.values()))
             raise CorruptRecordError("; ".join(problems), path=self.data_path, records=damaged)
 
-    def _bad_checksums(self, view: memoryview, chunk_start: int, offsets: np.ndarray) -> list[int]:
-        """Records of the chunk starting at `chunk_start` (bounded by `offsets`) whose CRC32C is not the stored one.
+    def _verify_chunks(self, read_index: Callable[[int, int], Any], read_data: Callable[[int, int], Any]) -> Iterator[VerifyChunk]:
+        """The records in order, as chunks of consecutive records read with `read_data`, their offsets checked
+        first (read with `read_index` `_VERIFY_RECORDS` at a time, as are their checksums)."""
+        header = self.header
+        for block_start in range(0, self.count, _VERIFY_RECORDS):
+            block_stop = min(block_start + _VERIFY_RECORDS, self.count)
+            offsets = np.frombuffer(
+                read_index(header.offsets_start + fmt.OFFSET_SIZE * block_start, fmt.OFFSET_SIZE * (block_stop - block_start + 1)), "<u8"
+            )
+            self._check_offsets(block_start, offsets)
+            checksums = (
+                np.frombuffer(read_index(header.checksums_start + 4 * block_start, 4 * (block_stop - block_start)), "<u4")
+                if header.has_record_checksums
+                else None
+            )
+            first = block_start
+            while first < block_stop:
+                position = first - block_start
+                base = int(offsets[position])
+                count = max(1, int(np.searchsorted(offsets[position + 1 :], np.uint64(base + VERIFY_CHUNK_BYTES), "right")))
+                chunk_offsets = offsets[position : position + count + 1]
+                yield VerifyChunk(
+                    first,
+                    chunk_offsets,
+                    (chunk_offsets - base).astype(np.int64),
+                    read_data(base, int(chunk_offsets[-1]) - base),
+                    None if checksums is None else checksums[position : position + count],
+                )
+                first += count
 
-        One call checksums the records (`crc32c_of_ranges`); numpy compares them all at once.
-        """
-        count = len(offsets) - 1
-        actual = crc32c_of_ranges(view, offsets)
-        wrong = np.flatnonzero(actual != self.checksums[chunk_start : chunk_start + count])  # type: ignore[index]
-        return (wrong + chunk_start).tolist()
-
-    def record_rules(self, data: Any, decode: Callable[[Any, int, int], Any] | None) -> list[RecordRule]:
-        """The rules a read checks of a record's bytes in `data` (decoded by `decode`); none for ``bytes``."""
+    def record_rules(self, decode: Callable[[Any, int, int], Any] | None) -> list[RecordRule]:
+        """The rules a read checks of a record's bytes (a ``msgpack`` one decoded by `decode`); none for ``bytes``."""
+        if self.decompressor is not None:
+            return [(("does not decode", "do not decode"), self._undecodable_frames)]
         if self.dtype is not None:
             row_size: int = self.codec.row_size  # type: ignore[attr-defined]
             rules: list[RecordRule] = (
@@ -341,45 +423,81 @@ class ShardIndex:
                 else []
             )
             if self.dtype.kind == "b":
-                bool_bytes = np.frombuffer(data, np.uint8)
-                rules.append((("holds |b1 bytes other than 0 or 1", "hold |b1 bytes other than 0 or 1"), functools.partial(self._invalid_bool_records, bool_bytes)))
+                rules.append((("holds |b1 bytes other than 0 or 1", "hold |b1 bytes other than 0 or 1"), self._invalid_bool_records))
             return rules
         if self.codec.name == "str":
-            return [(("is not valid UTF-8", "are not valid UTF-8"), functools.partial(_non_utf8_records, data))]
+            return [(("is not valid UTF-8", "are not valid UTF-8"), _non_utf8_records)]
         if self.codec.name == "msgpack":
             assert decode is not None
-            return [(("does not decode as msgpack", "do not decode as msgpack"), functools.partial(_undecodable_records, decode, data))]
+            return [(("does not decode as msgpack", "do not decode as msgpack"), functools.partial(_undecodable_records, decode))]
         return []
 
-    def _invalid_bool_records(self, bool_bytes: np.ndarray, chunk_start: int, offsets: np.ndarray) -> list[int]:
-        """Records of a ``|b1`` chunk (of the data file's bytes `bool_bytes`) holding a byte other than 0 or 1, in one
-        vectorised pass."""
-        bad = self.codec.records_with_invalid_bools(bool_bytes, offsets)  # type: ignore[attr-defined]
-        return (bad + chunk_start).tolist()
+    def _undecodable_frames(self, chunk: VerifyChunk) -> list[int]:
+        """Records of a compressed chunk whose frame breaks a rule of §1.6 or whose decoded payload a read refuses."""
+        bounds = chunk.relative.tolist()
+        sizes = self.sizes[chunk.first : chunk.first + len(bounds) - 1].tolist()  # type: ignore[index]
+        decode, row_size = self.codec.decode, getattr(self.codec, "row_size", 1)
+        bad = []
+        for position, (start, end) in enumerate(zip(bounds, bounds[1:])):
+            try:
+                if sizes[position] % row_size:
+                    raise ValueError(f"{sizes[position]} decoded bytes are not whole {row_size}-byte rows")
+                payload = self.decompressor.decompress(chunk.data, start, end, sizes[position])  # type: ignore[union-attr]
+                decode(payload, 0, len(payload))
+            except DECODE_ERRORS:
+                bad.append(chunk.first + position)
+        return bad
 
-    def _off_row_records(self, chunk_start: int, offsets: np.ndarray) -> list[int]:
+    def _invalid_bool_records(self, chunk: VerifyChunk) -> list[int]:
+        """Records of a ``|b1`` chunk holding a byte other than 0 or 1, in one vectorised pass."""
+        bad = self.codec.records_with_invalid_bools(np.frombuffer(chunk.data, np.uint8), chunk.relative)  # type: ignore[attr-defined]
+        return (bad + chunk.first).tolist()
+
+    def _off_row_records(self, chunk: VerifyChunk) -> list[int]:
         """Records of an ``ndarray`` chunk with an offset off a row boundary (both records sharing it), vectorised."""
-        off_row = np.flatnonzero(offsets % self.codec.row_size)  # type: ignore[attr-defined]
+        off_row = np.flatnonzero(chunk.offsets % self.codec.row_size)  # type: ignore[attr-defined]
         if not off_row.size:
             return []
-        records = np.union1d(off_row - 1, off_row) + chunk_start
-        return records[(records >= chunk_start) & (records < chunk_start + len(offsets) - 1)].tolist()
+        records = np.union1d(off_row - 1, off_row) + chunk.first
+        return records[(records >= chunk.first) & (records < chunk.first + len(chunk.offsets) - 1)].tolist()
 
 
-def _non_utf8_records(data: Any, chunk_start: int, offsets: np.ndarray) -> list[int]:
+def _decompressor(header: Header, metadata: bytes, dictionary: bytes, path: str) -> zstd_format.Decompressor:
+    """§1.3 step 7 for a compressed shard: the metadata's "compression" member names the header's compression,
+    and the dictionary has its CRC32C and is a zstd dictionary; then what decodes its frames."""
+    member = parse_strict_json(metadata, MAX_METADATA_DEPTH, what="metadata", path=path).get("compression")
+    name = zstd_format.NAMES[header.compression]
+    if not isinstance(member, dict) or member.get("name") != name:
+        raise FormatError(f'the metadata\'s "compression" member must name {name!r}, the header\'s compression; found {member!r}', path=path)
+    if header.compression != zstd_format.ZSTD_DICT:
+        return zstd_format.Decompressor(header.compression, None)
+    actual = crc32c(dictionary)
+    if actual != header.dictionary_crc32c:
+        raise FormatError(f"dictionary checksum is {actual:#010x}, expected {header.dictionary_crc32c:#010x}", path=path)
+    zstd_format.dictionary_id(dictionary, path=path)
+    return zstd_format.Decompressor(header.compression, bytes(dictionary))
+
+
+def _buffer_reader(buffer: Any) -> Callable[[int, int], memoryview]:
+    """A function (offset, length) -> those bytes of `buffer`, viewed, not copied."""
+    view = memoryview(buffer)
+    return lambda offset, length: view[offset : offset + length]
+
+
+def _non_utf8_records(chunk: VerifyChunk) -> list[int]:
     """Records of a ``str`` chunk that are not valid UTF-8 (one vectorised pass unless one is not)."""
-    return [chunk_start + position for position in _non_utf8_positions(data, offsets)]
+    return [chunk.first + position for position in _non_utf8_positions(chunk.data, chunk.relative)]
 
 
-def _undecodable_records(decode: Callable[[Any, int, int], Any], data: Any, chunk_start: int, offsets: np.ndarray) -> list[int]:
+def _undecodable_records(decode: Callable[[Any, int, int], Any], chunk: VerifyChunk) -> list[int]:
     """Records of a chunk that the codec's decode (the one every read uses) refuses."""
-    bounds = offsets.tolist()
+    bounds = chunk.relative.tolist()
     bad = []
     for position, (start, end) in enumerate(zip(bounds, bounds[1:])):
         try:
-            decode(data, start, end)
+            decode(chunk.data, start, end)
         except DECODE_ERRORS:
-            bad.append(chunk_start + position)
+            bad.append(chunk.first + position)
     return bad
 
 

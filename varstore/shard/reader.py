@@ -7,6 +7,7 @@ records, iteration and prefetch.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import mmap
 import os
@@ -19,11 +20,13 @@ import numpy as np
 from .._native import speedups
 from ..errors import FormatError, MissingFileError, RecordIndexError, RecordTypeError, StorageError
 from ..format import header as fmt
+from ..format.checksum import crc32c
 from ..format.codecs import Codec
+from ..local.file_url import resolve_file_url
 from ..local.mapping import map_file, pread_exactly
 from .index import DECODE_ERRORS as _DECODE_ERRORS
 from .index import ITERATION_CHUNK as _ITERATION_CHUNK
-from .index import ShardIndex
+from .index import VERIFY_CHUNK_BYTES, ShardIndex
 from .reader_base import ShardReaderBase
 
 _PAIR = struct.Struct("<QQ")
@@ -51,6 +54,39 @@ def _open_read(path: str) -> int:
         os.close(fd)
         raise FormatError("not a regular file, expected a shard file", path=path)
     return fd
+
+
+def _pread_whole(fd: int, path: str, offset: int, length: int) -> bytes:
+    """`length` bytes at `offset`, in as many reads as it takes (Linux returns at most 2 GiB per read), or a
+    FormatError if the file ends first: it shrank after the shard was opened."""
+    data = os.pread(fd, length, offset)
+    if len(data) == length:
+        return data
+    pieces, done = [data], len(data)
+    while done < length:
+        piece = os.pread(fd, length - done, offset + done)
+        if not piece:
+            raise FormatError(f"file ended at {offset + done} bytes, before the {offset + length} its index gives: it shrank", path=path)
+        pieces.append(piece)
+        done += len(piece)
+    return b"".join(pieces)
+
+
+def _reader_into(buffer: bytearray, fd: int, path: str) -> Callable[[int, int], Any]:
+    """Reads (offset, length) of `fd` into the one `buffer`, each valid until the next (so a sequential pass stays in
+    the CPU's cache and faults no fresh memory in); a read longer than `buffer` gets bytes of its own."""
+    view = memoryview(buffer)
+
+    def read(offset: int, length: int) -> Any:
+        if length > len(buffer):
+            return _pread_whole(fd, path, offset, length)
+        target = view[:length]
+        done = os.preadv(fd, [target], offset)
+        if done != length:
+            raise FormatError(f"file ended at {offset + done} bytes, before the {offset + length} its index gives: it shrank", path=path)
+        return target
+
+    return read
 
 
 def check_indices(indices: Any, count: int, path: str) -> np.ndarray:
@@ -88,8 +124,40 @@ def record_buffer(codec: Codec, data: Any) -> RecordBuffer:
     )
 
 
+def shard_buffer(index: ShardIndex, data: Any) -> RecordBuffer:
+    """`data` (a shard's data file, or bytes fetched from it) as the `RecordBuffer` reads of `index`'s records take:
+    a compressed shard's frames are decompressed by `decode_records`, so its buffer is the stored bytes alone."""
+    if index.decompressor is not None:
+        return RecordBuffer(data, None, None, None)
+    return record_buffer(index.codec, data)
+
+
+def decompressed(
+    index: ShardIndex, data: Any, indices: np.ndarray, starts: np.ndarray, ends: np.ndarray
+) -> tuple[bytes, np.ndarray, np.ndarray]:
+    """The frames at [starts, ends) of `data` (records `indices` of a compressed shard) decoded back to back in one
+    call, with each record's range in the result; an ``ndarray`` record's declared size is checked to be whole rows
+    before anything is decoded. Frames that fail a rule of §1.6 raise the read's CorruptRecordError."""
+    sizes = index.sizes[indices].astype(np.int64)  # type: ignore[index]
+    decoded_offsets = np.zeros(len(indices) + 1, np.int64)
+    np.cumsum(sizes, out=decoded_offsets[1:])
+    if index.dtype is not None:
+        index.check_rows(indices, decoded_offsets[:-1], decoded_offsets[1:])
+    try:
+        pieces = index.decompressor.decompress_many(data, starts.tolist(), ends.tolist(), sizes.tolist())  # type: ignore[union-attr]
+    except ValueError:
+        for record, start, end, size in zip(indices.tolist(), starts.tolist(), ends.tolist(), sizes.tolist()):
+            index.decompress(record, data, start, end, size)
+        raise
+    return b"".join(pieces), decoded_offsets[:-1], decoded_offsets[1:]
+
+
 def decode_records(index: ShardIndex, buffer: RecordBuffer, indices: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[Any]:
-    """Records at `indices`, the byte ranges [starts, ends) of `buffer`, decoded after every check a read makes."""
+    """Records at `indices`, the byte ranges [starts, ends) of `buffer`, decoded after every check a read makes
+    (for a compressed shard, after decompressing the frames there in one call)."""
+    if index.decompressor is not None:
+        joined, starts, ends = decompressed(index, buffer.data, indices, starts, ends)
+        buffer = record_buffer(index.codec, joined)
     if buffer.rows is not None:
         row_size = index.check_rows(indices, starts, ends)
         if buffer.bool_bytes is not None:
@@ -114,7 +182,13 @@ def decode_records(index: ShardIndex, buffer: RecordBuffer, indices: np.ndarray,
 
 def pack_flat(index: ShardIndex, indices: np.ndarray, starts: np.ndarray, ends: np.ndarray, joined: bytearray) -> FlatBatch:
     """Records at `indices` (stored at [starts, ends)), already copied back to back into `joined`, as a
-    `FlatBatch`, after every check a read makes (for ``msgpack``, by decoding each)."""
+    `FlatBatch`, after every check a read makes (for ``msgpack``, by decoding each; a compressed shard's frames
+    are decompressed first, so the batch holds the records' decoded bytes)."""
+    if index.decompressor is not None:
+        stored = np.zeros(len(indices) + 1, np.int64)
+        np.cumsum((ends - starts).astype(np.int64), out=stored[1:])
+        decoded, starts, ends = decompressed(index, joined, indices, stored[:-1], stored[1:])
+        joined = bytearray(decoded)
     offsets = np.zeros(len(indices) + 1, np.int64)
     np.cumsum((ends - starts).astype(np.int64), out=offsets[1:])
     values = np.frombuffer(joined, np.uint8)
@@ -140,24 +214,31 @@ class Reader(ShardReaderBase):
     """
 
     def __init__(self, path: str | os.PathLike[str], *, verify_reads: bool = False) -> None:
-        self.path = os.fspath(path)
+        self.path = resolve_file_url(path)
         self.verify_reads = verify_reads
         self._open()
 
     def _open(self) -> None:
         self.data_path, self.index_path = fmt.shard_paths(self.path)
+        with self._opened_files() as (index_fd, data_fd):
+            self._map_files(index_fd, data_fd)
+        self._closed = False
+
+    @contextlib.contextmanager
+    def _opened_files(self) -> Iterator[tuple[int, int]]:
+        """The index and data files open for reading, closed afterwards; an OSError of fstat, pread or mmap
+        becomes a StorageError (the storage failed, not the format)."""
         index_fd = _open_read(self.index_path)
         try:
             data_fd = _open_read(self.data_path)
             try:
-                self._map_files(index_fd, data_fd)
-            except OSError as error:  # fstat, pread or mmap failed: the storage, not the format
+                yield index_fd, data_fd
+            except OSError as error:
                 raise StorageError(f"reading the shard failed: {error.strerror or error}", path=self.path) from None
             finally:
                 os.close(data_fd)
         finally:
             os.close(index_fd)
-        self._closed = False
 
     def _map_files(self, index_fd: int, data_fd: int) -> None:
         """Check the shard as §1.3 says, reading with `pread` only (`ShardIndex.open`), then map both files."""
@@ -181,8 +262,10 @@ class Reader(ShardReaderBase):
         self._offsets = index.offsets
         if self.verify_reads and index.checksums is None:
             raise FormatError("verify_reads=True but this shard was written without record checksums", path=self.index_path)
-        self._buffer = record_buffer(self._codec, self._data_map)
+        self._decompressor = index.decompressor
+        self._buffer = shard_buffer(index, self._data_map)
         self._decode, self._rows, self._bool_bytes = self._buffer.decode, self._buffer.rows, self._buffer.bool_bytes
+        self._payload_decode = None if self._codec.name == "bytes" else self._codec.decode
         self._slicer = self._record_slicer()
         self._fast_get = self._slicer and self._slicer.get
         self._fast_batch = self._slicer and self._slicer.get_batch
@@ -190,7 +273,7 @@ class Reader(ShardReaderBase):
     def _record_slicer(self) -> Any:
         """The C extension's reads of ``bytes`` and ``str`` records, which decline (None) whenever a record
         needs the Python path's checks or error; None without the extension, other codecs or verify_reads."""
-        if speedups is None or self.verify_reads or self._codec.name not in ("bytes", "str"):
+        if speedups is None or self.verify_reads or self._decompressor is not None or self._codec.name not in ("bytes", "str"):
             return None
         return speedups.RecordSlicer(self._index_map, self._offsets_start, self._count, self._data_map, self._codec.name == "str")
 
@@ -203,10 +286,14 @@ class Reader(ShardReaderBase):
         return self._index.metadata()
 
     def as_array(self) -> np.ndarray:
-        """The whole data file of an ``ndarray`` shard as one read-only array of rows (zero copy)."""
+        """The whole data file of an ``ndarray`` shard as one read-only array of rows (zero copy; not for a compressed
+        shard, whose records are decompressed copies)."""
         self._check_open()
         if self.dtype is None:
             raise RecordTypeError(f"as_array needs an ndarray shard, this one is {self.codec}", path=self.path)
+        if self._decompressor is not None:
+            raise RecordTypeError("as_array views the data file in place, which a compressed shard cannot offer; "
+                                  "read its records (get_batch, iter_flat) instead", path=self.path)
         if self._bool_bytes is not None and self._count:
             offsets = self._index.checked_offsets(0, self._count)
             self._index.check_bools(self._bool_bytes, np.arange(self._count), offsets[:-1], offsets[1:])
@@ -235,10 +322,24 @@ class Reader(ShardReaderBase):
             raise self._index.offsets_error(index, start, end)
         if self.verify_reads:
             self._index.verify_record(index, self._data_map, start, end)
+        if self._decompressor is not None:
+            return self._read_frame(index, start, end)
         if self._decode is None:
             return self._data_map[start:end]
         try:
             return self._decode(self._data_map, start, end)
+        except _DECODE_ERRORS as error:
+            raise self._index.decode_error(index, error) from None
+
+    def _read_frame(self, index: int, start: int, end: int) -> Any:
+        """Record `index` of a compressed shard, its frame at [start, end): decompressed, then decoded."""
+        if self.dtype is not None:
+            return self._decode_ranges(np.array([index]), np.array([start]), np.array([end]))[0]
+        payload = self._index.decompress(index, self._data_map, start, end, int(self._index.sizes[index]))
+        if self._payload_decode is None:
+            return payload
+        try:
+            return self._payload_decode(payload, 0, len(payload))
         except _DECODE_ERRORS as error:
             raise self._index.decode_error(index, error) from None
 
@@ -309,6 +410,9 @@ class Reader(ShardReaderBase):
             raise RecordTypeError(f"batch_size must be positive, not {batch_size}", path=self.path)
         for start in range(0, self._count, batch_size):
             stop = min(start + batch_size, self._count)
+            if self._decompressor is not None:  # decoded copies: a compressed shard has no bytes to view in place
+                yield self.get_batch_flat(np.arange(start, stop))
+                continue
             offsets = self._contiguous_offsets(start, stop)
             base = int(offsets[0])
             relative = offsets.astype(np.int64) - base
@@ -349,8 +453,27 @@ class Reader(ShardReaderBase):
 
         Raises on a damaged structure at once; damaged records are all listed in one
         CorruptRecordError. `progress` receives byte counts of the data file.
+
+        Both files are opened again and read with ``pread``, not through the maps (a hole of a sparse file on a
+        full filesystem faults with SIGBUS, which would kill the process). Files replaced since this reader
+        opened them (or removed) are not the ones it reads: then the reader's own view is verified, through its
+        maps.
         """
         self._check_open()
+        try:
+            with self._opened_files() as (index_fd, data_fd):
+                head = os.pread(index_fd, fmt.HEADER_SIZE, 0)
+                found = crc32c(head[: fmt.HEADER_SIZE - fmt.CHECKSUM_SIZE]) if len(head) == fmt.HEADER_SIZE else None
+                if found == self.version and os.fstat(data_fd).st_size == self._data_size:
+                    self._index.verify(
+                        _reader_into(bytearray(VERIFY_CHUNK_BYTES), data_fd, self.data_path),
+                        self._decode,
+                        progress,
+                        read_index=functools.partial(_pread_whole, index_fd, self.index_path),
+                    )
+                    return
+        except MissingFileError:
+            pass
         self._index.verify(self._data_map, self._decode, progress)
 
     # -- life cycle --------------------------------------------------------------------------
@@ -364,7 +487,7 @@ class Reader(ShardReaderBase):
         if self._slicer is not None:
             self._slicer.release()  # before the maps close: it holds a view of each
         self._slicer = self._fast_get = self._fast_batch = None
-        self._offsets = self._decode = self._rows = self._bool_bytes = self._buffer = None  # type: ignore[assignment]
+        self._offsets = self._decode = self._rows = self._bool_bytes = self._buffer = self._decompressor = None  # type: ignore[assignment]
         self._index.close()
         if isinstance(self._data_map, mmap.mmap):
             try:

@@ -16,16 +16,23 @@ share.
 
 Faults: besides what `varstore.remote.filesystems` retries, a download failing its size or CRC32C check and a
 record read by ranges failing its CRC32C are fetched again (up to 5 attempts, with backoff), unless the
-dataset was replaced meanwhile: a body damaged on the way is not damage at rest.
+dataset was replaced meanwhile: a body damaged on the way is not damage at rest. What is damage at rest is the
+shard's `FormatError` (which ``on_damaged="skip"`` sets aside), never a storage fault: an object of another size
+than its entry's (asked with a HEAD where a failed read or download cannot tell), an index failing its CRC32C
+on every attempt.
 
-Request cost, nothing cached: opening a shard alone is two HEADs, one GET of its header, one of the index
-and one or two of the data file's first and last 4 KiB (a shard of a dataset skips the HEADs and the
-header, which the dataset's open read). A read of one record is one GET of its bytes; a batch is one GET
-per span of records within 64 KiB of each other, all at once.
+Request cost, nothing cached: a shard of a dataset opens at its first read with one GET of its index and one
+or two of its data object's first and last 4 KiB (whose responses name the object's size on s3://; elsewhere
+one HEAD more), or, for a data object of at most 8 KiB when the cache may hold the dataset, one GET of it
+whole; none when another process of the node opened it (the node cache holds the index and the edges; of a
+shard without record checksums, the edges' GET is made at every open: `_data_edges`). A
+shard opened alone costs two HEADs and a GET of its header more. A read of one record is one GET of its
+bytes; a batch is one GET per span of records within 64 KiB of each other, all at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import mmap
 import os
@@ -47,12 +54,12 @@ from ..errors import (
 )
 from ..format import header as fmt
 from ..format.checksum import crc32c
-from ..local.mapping import map_file
+from ..local.mapping import map_file, pread_exactly
 from ..remote.cache import DamagedDownloadError
 from ..remote.filesystems import DEFAULT_ATTEMPTS, backoff_delay
 from ..remote.location import RemoteLocation
 from .index import ShardIndex
-from .reader import FlatBatch, check_indices, decode_records, pack_flat, record_buffer
+from .reader import FlatBatch, check_indices, decode_records, pack_flat, shard_buffer
 from .reader_base import ShardReaderBase, replaced_error
 
 # A scan (iteration, slices) fetches records in requests of about this many bytes.
@@ -148,11 +155,11 @@ class RemoteShard(ShardReaderBase):
             self._map_whole_data(data_crc32c)
         elif self._fetch_whole_after is not None:
             self._map_cached_data(data_crc32c)
-        fd = self._fetch_and_open(self.index_path, index_size, index_crc32c)
+        fd = self._fetch_index(index_size, index_crc32c)
         try:
-            edges = fmt.edge_ranges(data_size)  # (offset, length) pairs
-            fetched = self._read_data([(offset, offset + length) for offset, length in edges], data_size)
-            edge_bytes = dict(zip(edges, fetched))
+            header = fmt.unpack_header(pread_exactly(fd, fmt.HEADER_SIZE, 0, self.index_path), index_size=index_size, path=self.index_path)
+            edges = self._data_edges(data_size, data_crc32c, header.data_edge_crc32c, header.has_record_checksums)
+            edge_bytes = dict(zip(fmt.edge_ranges(data_size), edges))
             index = ShardIndex.open(
                 fd, data_size, lambda offset, length: edge_bytes[(offset, length)],
                 index_path=self.index_path, data_path=self.data_path,
@@ -168,6 +175,84 @@ class RemoteShard(ShardReaderBase):
         self._count = index.count
         self._closed = False
         self._whole_requested_by, self._ranged_bytes = None, 0
+
+    def _data_edges(self, data_size: int, data_crc32c: int, edge_crc32c: int, record_checksums: bool) -> list[bytes]:
+        """The data object's two edges (§1.3 step 10), from the local copy, else through the node cache (so that
+        another process of this node opens the shard without a request): a data object of at most two edges'
+        size is fetched whole (its edges are all of it) if the cache may hold the dataset, else read; a larger
+        one's edges are kept as one small object under the shard's identity, fetched with a check of the object's
+        size. Edges that do not match `edge_crc32c` are not cached: they are read again, and the open's check
+        judges them.
+
+        Without `record_checksums` the edges are read from the object at every open, never from the cache:
+        nothing else ties a ranged read of that shard to its index, so a data object replaced under the same
+        name (`varstore cp --overwrite` keeps names) would be read as this shard's by a process that reopened
+        the dataset from the node cache (no request) after another process cached the old edges."""
+        ranges = [(offset, offset + length) for offset, length in fmt.edge_ranges(data_size)]
+        small = data_size <= 2 * fmt.EDGE_SIZE
+        if self._data_map is None and small and self._fetch_whole_after is not None:
+            with contextlib.suppress(DamagedDownloadError):  # the open's checks say what is wrong with it
+                self._map_whole_data(data_crc32c)
+        if self._data_map is not None:
+            return self._read_data(ranges, data_size)
+        if small or not record_checksums:
+            return self._read_edges(ranges, data_size)
+
+        def download(temporary: str) -> None:
+            pieces = self._read_edges(ranges, data_size)
+            with open(temporary, "wb") as file:
+                file.write(b"".join(pieces))
+
+        length = sum(end - start for start, end in ranges)
+        try:
+            fd = self._location.cache.open(self.data_path + "#edges", length, edge_crc32c, download, identity=self._identity)
+        except DamagedDownloadError:
+            return self._read_data(ranges, data_size)
+        try:
+            joined = pread_exactly(fd, length, 0, self.data_path)
+        finally:
+            os.close(fd)
+        first = ranges[0][1] - ranges[0][0]
+        return [joined[:first], joined[first:]]
+
+    def _read_edges(self, ranges: list[tuple[int, int]], data_size: int) -> list[bytes]:
+        """The data object's edges by ranged reads, with §1.3 step 8's check that it is `data_size` bytes
+        (`_check_data_size`). A read that fails is judged by the object's size as well (one HEAD): ranges of a
+        shorter object come back short, which a transport may retry as a cut body and call a storage fault, so
+        that a damaged shard would pass for an outage (and ``on_damaged="skip"`` would not set it aside)."""
+        self._check_data_size(data_size)
+        try:
+            return self._read_data(ranges, data_size)
+        except StorageError:
+            self._refuse_other_size(self.data_path, data_size)
+            raise
+
+    def _check_data_size(self, data_size: int) -> None:
+        """Raise `FormatError` unless the data object is `data_size` bytes: no request where the transport's
+        ranged reads check the object's size already (the edges are read next), else one HEAD."""
+        transport = self._location.transport()
+        if transport.checks_object_size:
+            return
+        try:
+            found = transport.object_info(self.data_path).size
+        except (MissingFileError, StorageError):
+            self._replaced_check()
+            raise
+        if found != data_size:
+            self._replaced_check()
+            raise FormatError(f"shard object is {found} bytes, the manifest says {data_size}", path=self.data_path)
+
+    def _refuse_other_size(self, url: str, size: int) -> None:
+        """After a read or download of the object `url` failed: raise `FormatError` if a HEAD says it is not `size`
+        bytes (retrying cannot help that; `DatasetReplacedError` if the dataset was replaced meanwhile). If the
+        HEAD fails too, or the size is right, return: the failure's own error stands."""
+        try:
+            found = self._location.transport().object_info(url).size
+        except (MissingFileError, StorageError):
+            return
+        if found != size:
+            self._replaced_check()
+            raise FormatError(f"shard object is {found} bytes, the manifest says {size}", path=url)
 
     # -- description -------------------------------------------------------------------------
 
@@ -201,9 +286,9 @@ class RemoteShard(ShardReaderBase):
         indices = self._check_indices(indices)
         starts, ends, joined = self._gather(indices)
         offsets = _offsets_of(starts, ends)
-        if self._index.dtype is not None:
+        if self._index.dtype is not None and self._index.decompressor is None:
             self._index.check_rows(indices, starts, ends)  # where they lay in the data file, not in `joined`
-        return decode_records(self._index, record_buffer(self._codec, bytes(joined)), indices, offsets[:-1], offsets[1:])
+        return decode_records(self._index, shard_buffer(self._index, bytes(joined)), indices, offsets[:-1], offsets[1:])
 
     def get_batch_flat(self, indices: Sequence[int] | np.ndarray) -> FlatBatch:
         """Records at `indices` packed into one buffer plus offsets, as `Reader.get_batch_flat`."""
@@ -291,7 +376,7 @@ class RemoteShard(ShardReaderBase):
             return [data_map[start:end] for start, end in ranges]
         try:
             pieces = self._location.transport().read_ranges(self.data_path, ranges, size=size)
-        except (MissingFileError, StorageError):  # a replacing dataset's shorter object fails the ranges as well
+        except (MissingFileError, StorageError, FormatError):  # a replacing dataset's objects fail ranges as well
             self._replaced_check()
             raise
         self._note_ranged_read(sum(len(piece) for piece in pieces))
@@ -361,12 +446,22 @@ class RemoteShard(ShardReaderBase):
         finally:
             os.close(fd)
 
+    def _fetch_index(self, index_size: int, index_crc32c: int) -> int:
+        """`_fetch_and_open` of the index file. One that arrives with another CRC32C on every attempt is damaged at
+        rest (or not this shard's): a `FormatError`, the shard's verdict (``on_damaged="skip"`` sets it aside),
+        not a storage fault."""
+        try:
+            return self._fetch_and_open(self.index_path, index_size, index_crc32c)
+        except DamagedDownloadError as error:
+            raise FormatError(str(error).removeprefix(f"{error.path}: "), path=self.index_path) from error
+
     def _fetch_and_open(self, url: str, size: int, crc32c: int) -> int:
         """A descriptor of the node cache's copy of the object at `url`, downloaded (never more than `size` bytes
         read, on s3://) if no process on this node has it, and opened before any eviction can remove it (however
         small the cache limit and however many readers share it). A download failing its size or CRC32C is
         fetched again, with backoff, up to `DEFAULT_ATTEMPTS` times in all, unless the dataset was replaced
-        meanwhile (`_replaced_check` raises)."""
+        meanwhile (`_replaced_check` raises) or the object is not `size` bytes (a `FormatError`: on a transport
+        whose downloads do not check the size, the first failure asks it with a HEAD)."""
         transport = self._location.transport()
         attempt = 1
         while True:
@@ -377,12 +472,14 @@ class RemoteShard(ShardReaderBase):
                 )
             except DamagedDownloadError as error:
                 self._replaced_check()
+                if attempt == 1 and not transport.checks_object_size:
+                    self._refuse_other_size(url, size)
                 if attempt == DEFAULT_ATTEMPTS:
                     message = str(error).removeprefix(f"{error.path}: ")
                     raise DamagedDownloadError(f"{message} (downloaded {attempt} times)", path=url) from error
                 time.sleep(backoff_delay(attempt))
                 attempt += 1
-            except (MissingFileError, StorageError):
+            except (MissingFileError, StorageError, FormatError):
                 self._replaced_check()
                 raise
 
@@ -390,7 +487,7 @@ class RemoteShard(ShardReaderBase):
         """Fetch the whole data object (`fetch_data`), then check every byte and every rule a read checks, as
         `Reader.verify` does."""
         self.fetch_data()
-        buffer = record_buffer(self._codec, self._data_map)
+        buffer = shard_buffer(self._index, self._data_map)
         self._index.verify(self._data_map, buffer.decode, progress)
 
     def _raise_if_header_changed(self) -> None:

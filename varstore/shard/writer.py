@@ -11,10 +11,12 @@ from typing import Any, Callable, Iterable, Sequence, TypeVar
 import numpy as np
 
 from ..errors import ClosedError, RecordTypeError, ShardExistsError, VarstoreError
+from ..format import compression as zstd_format
 from ..format import header as fmt
 from ..format.checksum import crc32c, crc32c_of_each, crc32c_of_ranges
 from ..format.codecs import Codec, make_codec
 from ..format.metadata import encode_metadata
+from ..local.file_url import resolve_file_url
 from ..local.locks import WriterLock, lock_shard
 from ..local.publish import (
     make_directories,
@@ -194,9 +196,11 @@ class Writer(CommitsOnExit):
         metadata: dict[str, Any] | None = None,
         checksums: bool = True,
         overwrite: bool = False,
+        compression: str | None = None,
+        compression_level: int = 3,
     ) -> None:
         self._pid = os.getpid()
-        self.path = os.fspath(path)
+        self.path = resolve_file_url(path)
         if not os.path.basename(self.path):
             raise VarstoreError("a shard path needs a file name, e.g. 'out/docs'; use ShardedWriter for a directory", path=self.path)
         self.data_path, self.index_path = fmt.shard_paths(self.path)
@@ -204,10 +208,22 @@ class Writer(CommitsOnExit):
         self._codec: Codec = make_codec(codec, dtype=dtype, shape=shape)
         self._encode = self._codec.encode
         self.codec = self._codec.name
-        self._metadata = encode_metadata(self._codec.params(), dict(metadata or {}))
+        self._user = dict(metadata or {})
+        self._metadata = encode_metadata(self._codec.params(), self._user)
         self._flags = fmt.FLAG_RECORD_CHECKSUMS if checksums else 0
+        # Compression (§1.6): requested, then decided on the first records (`_decide`), after which the metadata,
+        # dictionary and preamble are written; until then (and for good, if the choice is none) payloads are raw.
+        self._requested = zstd_format.check_choice(compression)
+        self._level = zstd_format.check_level(compression_level)
+        self._compressing = self._requested is not None
+        self._choice: zstd_format.Choice | None = None
+        self._compressor: zstd_format.Compressor | None = None
+        if self._compressing:
+            zstd_format.zstandard()  # the missing extra is named before anything is written
+        self._sizes = array("I")
         self._temporary = {name: temporary_path(final) for name, final in
-                           (("data", self.data_path), ("index", self.index_path), ("checksums", self.index_path + ".checksums"))}
+                           (("data", self.data_path), ("index", self.index_path), ("checksums", self.index_path + ".checksums"),
+                            ("sizes", self.index_path + ".sizes"))}
         self._fds: dict[str, int] = {}
         self._record_count = 0
         self._data_size = 0
@@ -231,16 +247,51 @@ class Writer(CommitsOnExit):
                 for final in (self.index_path, self.data_path):
                     if os.path.exists(final):
                         raise ShardExistsError("already exists; pass overwrite=True to replace it", path=final)
-            for name in ("data", "index") + (("checksums",) if checksums else ()):
+            for name in ("data", "index") + (("checksums",) if checksums else ()) + (("sizes",) if self._compressing else ()):
                 self._fds[name] = os.open(self._temporary[name], os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-            preamble = self._metadata + bytes(fmt.align8(fmt.HEADER_SIZE + len(self._metadata)) - fmt.HEADER_SIZE - len(self._metadata))
-            write_all(self._fds["index"], bytes(fmt.HEADER_SIZE) + preamble)
-            self._body_crc = crc32c(preamble)
+            write_all(self._fds["index"], bytes(fmt.HEADER_SIZE))
+            if self._requested == "zstd":
+                self._decide([])
+            elif self._requested is None:
+                self._write_preamble(b"")
+            else:
+                self._room = zstd_format.SAMPLE_BYTES  # the first flush holds the sample
         except BaseException as error:  # an interrupt (Ctrl-C) too: nothing of a writer that never started is left
             self._discard()
             if isinstance(error, OSError) and not isinstance(error, VarstoreError):
                 raise storage_error(error, "creating the shard's temporary files") from None
             raise
+
+    def _write_preamble(self, dictionary: bytes) -> None:
+        """The index bytes after the header: metadata, padding, the dictionary (if any) and its padding (§1.1, §1.6)."""
+        preamble = self._metadata + bytes(fmt.align8(fmt.HEADER_SIZE + len(self._metadata)) - fmt.HEADER_SIZE - len(self._metadata))
+        preamble += dictionary + bytes(fmt.align8(len(dictionary)) - len(dictionary))
+        write_all(self._fds["index"], preamble)
+        self._body_crc = crc32c(preamble)
+
+    def _decide(self, samples: list[bytes]) -> None:
+        """Choose the compression from the first records' payloads (`zstd_format.choose`) and write the preamble."""
+        assert self._requested is not None
+        choice = zstd_format.choose(self._requested, samples[: zstd_format.SAMPLE_RECORDS], self._level)
+        self._choice = choice
+        self._compressing = choice.compression != zstd_format.NONE
+        if self._compressing:
+            self._compressor = zstd_format.Compressor(choice.compression, choice.level, choice.dictionary)
+        member = zstd_format.metadata_member(choice, self._requested)
+        self._metadata = encode_metadata(self._codec.params(), self._user, member)
+        self._write_preamble(choice.dictionary or b"")
+
+    def _stored(self, payloads: list[bytes]) -> list[bytes]:
+        """The payloads as stored: decided on, if not yet, then compressed (their decoded sizes noted), or raw."""
+        if self._choice is None:
+            self._decide(payloads)
+        if not self._compressing:
+            return payloads
+        sizes = list(map(len, payloads))
+        if max(sizes) > zstd_format.MAX_RECORD_SIZE:
+            raise VarstoreError(f"a compressed shard's records are below 2**32 bytes; one is {max(sizes)}", path=self.path)
+        self._sizes.extend(sizes)
+        return self._compressor.compress_all(payloads)  # type: ignore[union-attr]
 
     def __len__(self) -> int:
         return self._record_count
@@ -306,6 +357,11 @@ class Writer(CommitsOnExit):
 
     def _add_flat(self, payload: bytes | bytearray | memoryview, ends: np.ndarray) -> None:
         """Append records packed back to back in `payload`, record k ending at byte `ends[k]` of it."""
+        if self._compressing:  # each record becomes a frame of its own
+            bounds = [0, *ends.tolist()]
+            with memoryview(payload) as view:
+                self._add_payloads([bytes(view[start:end]) for start, end in zip(bounds, bounds[1:])])
+            return
         if self._data_size + len(payload) > fmt.MAX_DATA_SIZE:
             raise VarstoreError(f"the shard would exceed {fmt.MAX_DATA_SIZE} bytes", path=self.path)
         self._flush_data()  # the buffered records' offsets and checksums come first
@@ -340,6 +396,11 @@ class Writer(CommitsOnExit):
         if size <= self._room:
             self._add_payload(payload, size)
             return
+        if self._compressing:
+            if self._choice is None:
+                self._decide([bytes(memoryview(payload)[: zstd_format.SAMPLE_BYTES])])
+            payload = self._stored([bytes(payload)])[0]
+            size = len(payload)
         if self._flags:
             self._checksums.append(crc32c(payload))
         self._write_data(payload)
@@ -355,11 +416,18 @@ class Writer(CommitsOnExit):
         if len(self._checksums) >= _SPOOL_ENTRIES:
             self._write("checksums", _le_bytes(self._checksums))
             self._checksums = array("I")
+        if len(self._sizes) >= _SPOOL_ENTRIES:
+            self._write("sizes", _le_bytes(self._sizes))
+            self._sizes = array("I")
 
     def _flush_data(self) -> None:
         """Write the buffered records, adding their offsets and checksums (one pass over the buffer)."""
         payloads = self._buffered
         if payloads:
+            if self._compressing:
+                raw_size = sum(map(len, payloads))
+                payloads = self._stored(payloads)
+                self._data_size += sum(map(len, payloads)) - raw_size
             data = b"".join(payloads)
             ends = accumulate(map(len, payloads), initial=self._data_size - len(data))
             next(ends)  # the offset where the buffer starts is there already
@@ -418,24 +486,39 @@ class Writer(CommitsOnExit):
         if not self._closed and self._pid == os.getpid():
             self._discard()
 
+    def _append_spooled(self, name: str, tail: array) -> None:
+        """Copy the spool file `name` and then `tail`, its entries not yet spooled, to the end of the index."""
+        index_fd, spooled = self._fds["index"], os.lseek(self._fds[name], 0, os.SEEK_CUR)
+        for position in range(0, spooled, _DATA_BUFFER_BYTES):
+            chunk = os.pread(self._fds[name], min(_DATA_BUFFER_BYTES, spooled - position), position)
+            self._body_crc = crc32c(chunk, self._body_crc)
+            write_all(index_fd, chunk)
+        raw = _le_bytes(tail)
+        self._body_crc = crc32c(raw, self._body_crc)
+        write_all(index_fd, raw)
+
     def _commit(self) -> None:
         self._flush_data()
+        if self._requested is not None and self._choice is None:  # no record was ever flushed: an empty shard
+            self._decide([])
         data_fd, index_fd = self._fds["data"], self._fds["index"]
         os.fsync(data_fd)
         self._spool_offsets()
         if self._flags:
-            spooled_checksums = os.lseek(self._fds["checksums"], 0, os.SEEK_CUR)
-            for position in range(0, spooled_checksums, _DATA_BUFFER_BYTES):
-                chunk = os.pread(self._fds["checksums"], min(_DATA_BUFFER_BYTES, spooled_checksums - position), position)
-                self._body_crc = crc32c(chunk, self._body_crc)
-                write_all(index_fd, chunk)
-            tail = _le_bytes(self._checksums)
-            self._body_crc = crc32c(tail, self._body_crc)
-            write_all(index_fd, tail)
+            self._append_spooled("checksums", self._checksums)
+        if self._compressing:
+            self._append_spooled("sizes", self._sizes)
         head = os.pread(data_fd, min(fmt.EDGE_SIZE, self._data_size), 0)
         tail_start = max(0, self._data_size - fmt.EDGE_SIZE)
         tail = os.pread(data_fd, self._data_size - tail_start, tail_start)
+        choice = self._choice
+        compression = choice.compression if choice else zstd_format.NONE
+        dictionary = (choice.dictionary if choice else None) or b""
         header = fmt.Header(
+            minor_version=fmt.COMPRESSED_VERSION[1] if compression else fmt.AUTO_NONE_MINOR_VERSION if choice else fmt.MINOR_VERSION,
+            compression=compression,
+            dictionary_size=len(dictionary),
+            dictionary_crc32c=crc32c(dictionary) if dictionary else 0,
             codec_id=self._codec.id,
             flags=self._flags,
             record_count=self._record_count,
@@ -452,7 +535,7 @@ class Writer(CommitsOnExit):
             [(self._temporary["data"], self.data_path), (self._temporary["index"], self.index_path)],
             overwrite=self._overwrite,
         )
-        remove_quietly([self._temporary["checksums"]])
+        remove_quietly([self._temporary["checksums"], self._temporary["sizes"]])
         self.header = header
         self._release_lock()
 

@@ -34,8 +34,9 @@ import itertools
 import math
 import operator
 import os
+import sys
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from numbers import Rational, Real
 from typing import Any, Mapping, Sequence, Union
@@ -49,6 +50,12 @@ from .permutation import Permutation, derive_key
 from .resume import as_int
 
 _BLEND_PURPOSE = 4
+# The most bits a weight's exact numerator or denominator may have: room for any float or long double (the smallest
+# IEEE quad is 2**-16494), while an absurd weight is refused before arithmetic on it could run for minutes.
+_MAX_WEIGHT_BITS = 16_512
+# The largest power of ten a Decimal weight's exact numerator or denominator may reach (10**4970 < 2**16512), judged
+# from its digits and exponent: converting it is what costs (Decimal("1e-99999999") is a fraction over 10**99999999).
+_MAX_DECIMAL_SCALE = math.floor(_MAX_WEIGHT_BITS * math.log10(2))
 
 Weights = Mapping[str, Union[int, float, Fraction, Decimal]]
 Schedule = Sequence[tuple[int, Weights]]
@@ -153,20 +160,47 @@ def _epoch_map(length: int, seed: int, name_key: int, epoch: int) -> tuple[int, 
 
 def _exact_weight(name: str, weight: Any, segment_start: int) -> Fraction:
     """`weight` as an exact fraction (the exact value of a float, numpy float, long double or `Decimal`), so no
-    rounding can break the proportion bound."""
+    rounding can break the proportion bound; refused if its numerator or denominator has over `_MAX_WEIGHT_BITS` bits
+    (a `Decimal` by its digits and exponent, before the conversion, which is what costs)."""
+    where = f"the weight of source {name!r} (segment at {segment_start})"
     if isinstance(weight, (bool, np.bool_)) or not isinstance(weight, (Real, Decimal)):
-        raise VarstoreError(f"the weight of source {name!r} (segment at {segment_start}) must be a number, not {weight!r}")
+        raise VarstoreError(f"{where} must be a number, not {weight!r}")
+    if isinstance(weight, Decimal) and weight.is_finite():
+        _, digits, exponent = weight.as_tuple()
+        # The numerator is below 10**(digits + exponent) for a positive exponent, the denominator at most 10**-exponent.
+        scale = max(len(digits) + max(int(exponent), 0), -int(exponent))
+        if scale > _MAX_DECIMAL_SCALE:
+            shown = repr(weight) if len(digits) <= 40 else f"a Decimal of {len(digits):,} digits"
+            raise VarstoreError(
+                f"{where} is {shown}, an exact fraction with a numerator or denominator near 10**{scale}; a weight's "
+                f"may reach 10**{_MAX_DECIMAL_SCALE} ({_MAX_WEIGHT_BITS:,} bits; any float fits): round it"
+            )
     if isinstance(weight, Rational):
         exact = Fraction(int(weight)) if isinstance(weight, np.integer) else Fraction(weight)
     else:
         try:
             ratio = weight.as_integer_ratio() if hasattr(weight, "as_integer_ratio") else float(weight).as_integer_ratio()
         except (OverflowError, ValueError):  # infinities and NaNs have no ratio
-            raise VarstoreError(f"the weight of source {name!r} (segment at {segment_start}) must be finite, not {weight!r}") from None
+            raise VarstoreError(f"{where} must be finite, not {weight!r}") from None
         exact = Fraction(*ratio)
     if exact < 0:
-        raise VarstoreError(f"the weight of source {name!r} (segment at {segment_start}) must be >= 0, not {weight!r}")
+        raise VarstoreError(f"{where} must be >= 0, not {weight!r}")
+    bits = max(exact.numerator.bit_length(), exact.denominator.bit_length())
+    if bits > _MAX_WEIGHT_BITS:
+        raise VarstoreError(
+            f"{where}, a {type(weight).__name__}, is an exact fraction with a {bits:,}-bit numerator or denominator; "
+            f"a weight may have at most {_MAX_WEIGHT_BITS:,} bits (any float fits): round it"
+        )
     return exact
+
+
+def _spelled_weight(word: str) -> Decimal | Fraction:
+    """A data path's weight, exactly: a decimal (``0.3``, ``1e-5``) as a `Decimal`, whose cost `_exact_weight` bounds
+    before converting it (a `Fraction` of ``1e-99999999`` would be computed first), or a ratio (``3/10``)."""
+    try:
+        return Decimal(word)
+    except InvalidOperation:
+        return Fraction(word)  # ValueError if it is no number
 
 
 def _as_schedule(weights: Weights | Schedule) -> list[tuple[int, Weights]]:
@@ -227,8 +261,13 @@ class BlendedDataset(Dataset):
         if not isinstance(sources, Mapping) or not sources:
             raise VarstoreError(f"sources must be a non-empty dict name -> dataset or path, not {sources!r}")
         self.num_samples = as_int(num_samples, "num_samples")
-        if self.num_samples < 1:
-            raise VarstoreError(f"num_samples must be at least 1, not {self.num_samples}")
+        if not 1 <= self.num_samples <= sys.maxsize:
+            bits = self.num_samples.bit_length()
+            shown = f"{self.num_samples:,}" if bits <= 128 else f"a {bits:,}-bit integer"  # str() refuses 4,300+ digits
+            raise VarstoreError(
+                f"num_samples must be at least 1 and at most {sys.maxsize:,} (a dataset's len() must fit in an index), "
+                f"not {shown}"
+            )
         self.seed = as_int(seed, "seed")
         for name in sources:
             if not isinstance(name, str):
@@ -254,12 +293,12 @@ class BlendedDataset(Dataset):
             return cls({words[0]: words[0]}, {words[0]: 1}, num_samples=num_samples, seed=seed)
         if not words or len(words) % 2:
             raise VarstoreError(f"a data path is 'weight path weight path ...' or one path, not {data_path!r}")
-        weights: dict[str, Fraction] = {}
+        weights: dict[str, Decimal | Fraction] = {}
         for weight, path in zip(words[::2], words[1::2]):
             if path in weights:
                 raise VarstoreError(f"the data path names {path!r} twice; give it one weight")
             try:
-                weights[path] = Fraction(weight)
+                weights[path] = _spelled_weight(weight)
             except ValueError:
                 raise VarstoreError(f"the data path gives {path!r} the weight {weight!r}, which is not a number") from None
         return cls({path: path for path in weights}, weights, num_samples=num_samples, seed=seed)

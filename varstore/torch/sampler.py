@@ -9,11 +9,29 @@ from torch.utils.data import Sampler
 
 from ..errors import VarstoreError
 from .distributed import rank_and_world_size
-from .permutation import Permutation, derive_key
+from .permutation import BlockShuffle, Permutation, derive_key
 from .resume import EpochPosition, as_int, check_resume_state
 
 _CHUNK = 8192
 _SAMPLER_PURPOSE = 1
+_BLOCK_SHUFFLE_PURPOSE = 5
+
+
+def _block_options(shuffle: bool, block_size: Any, shuffle_window: Any) -> tuple[int | None, int | None]:
+    """`(block_size, shuffle_window)` checked, the window defaulting to one block; `(None, None)` for the full
+    shuffle."""
+    if block_size is None:
+        if shuffle_window is not None:
+            raise VarstoreError(f"shuffle_window={shuffle_window!r} needs a block_size: it shuffles within blocks")
+        return None, None
+    if not shuffle:
+        raise VarstoreError(f"block_size={block_size!r} shapes a shuffle: it needs shuffle=True")
+    block_size = as_int(block_size, "block_size")
+    shuffle_window = block_size if shuffle_window is None else as_int(shuffle_window, "shuffle_window")
+    for name, value in (("block_size", block_size), ("shuffle_window", shuffle_window)):
+        if value < 1:
+            raise VarstoreError(f"{name} must be at least 1, not {value}")
+    return block_size, shuffle_window
 
 
 class ExactlyOnceSampler(EpochPosition, Sampler[int]):
@@ -29,6 +47,13 @@ class ExactlyOnceSampler(EpochPosition, Sampler[int]):
     Resume: ``state_dict(samples_consumed)`` with this rank's count (batches x
     batch_size) and, after ``load_state_dict``, the same epoch continues right after
     the samples every rank consumed, with any world size.
+
+    `block_size` (records) makes the shuffle one that suits object storage (`BlockShuffle`):
+    blocks of `block_size` contiguous records in a random order, shuffled within windows
+    of `shuffle_window` consecutive positions of the epoch order (default: one block), so on
+    one rank a batch reads about batch_size / block_size contiguous runs instead of a record
+    per request (with W ranks a rank's batch spans W times the positions). By default (no
+    `block_size`) every position is shuffled across the whole range.
     """
 
     def __init__(
@@ -37,12 +62,15 @@ class ExactlyOnceSampler(EpochPosition, Sampler[int]):
         *,
         shuffle: bool = True,
         seed: int = 0,
+        block_size: int | None = None,
+        shuffle_window: int | None = None,
         rank: int | None = None,
         world_size: int | None = None,
     ) -> None:
         self.size = data_source if isinstance(data_source, int) else len(data_source)
         self.shuffle = shuffle
         self.seed = as_int(seed, "seed")
+        self.block_size, self.shuffle_window = _block_options(shuffle, block_size, shuffle_window)
         self.rank, self.world_size = rank_and_world_size(rank, world_size)
         self.epoch = 0
         self._start = 0  # positions of the epoch order consumed before a resume, across all ranks
@@ -55,14 +83,24 @@ class ExactlyOnceSampler(EpochPosition, Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         positions = self._positions()
-        permutation = Permutation(self.size, derive_key(_SAMPLER_PURPOSE, self.seed, self.epoch))
+        order = self._order()
         for chunk_start in range(0, len(positions), _CHUNK):
             chunk = np.arange(chunk_start, min(chunk_start + _CHUNK, len(positions)), dtype=np.int64)
             chunk = positions.start + chunk * positions.step
-            yield from (permutation(chunk) if self.shuffle else chunk).tolist()
+            yield from (order(chunk) if order is not None else chunk).tolist()
+
+    def _order(self) -> Permutation | BlockShuffle | None:
+        """This epoch's order of ``range(size)`` (None: in order)."""
+        if not self.shuffle:
+            return None
+        if self.block_size is None:
+            return Permutation(self.size, derive_key(_SAMPLER_PURPOSE, self.seed, self.epoch))
+        key = derive_key(_BLOCK_SHUFFLE_PURPOSE, self.seed, self.epoch)
+        return BlockShuffle(self.size, self.block_size, self.shuffle_window, key)
 
     def _settings(self) -> dict[str, Any]:
-        return {"kind": "ExactlyOnceSampler", "size": self.size, "shuffle": self.shuffle, "seed": self.seed}
+        return {"kind": "ExactlyOnceSampler", "size": self.size, "shuffle": self.shuffle, "seed": self.seed,
+                "block_size": self.block_size, "shuffle_window": self.shuffle_window}
 
     def state_dict(self, samples_consumed: int) -> dict[str, Any]:
         """What resuming needs, given how many samples this rank's training loop consumed this epoch.

@@ -1,7 +1,8 @@
 """varstore over S3: a `ShardedWriter` dataset uploaded as is, read by `RecordDataset` (ranged reads per batch
 through ``__getitems__``) and `RecordStream` (whole shards fetched ahead) from its ``s3://`` URL.
 
-The endpoint and keys go in `storage_options` (s3fs's keys); the node cache is `cache_dir`.
+The endpoint and keys go in `storage_options` (s3fs's keys; none over http://, the `varstore-http` peer); the
+node cache is `cache_dir`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from .base_remote import Remote, RemotePeer, keep_list
 
 
 def _options(remote: Remote) -> dict[str, Any]:
+    """s3fs's endpoint and keys for an s3:// URL; an http:// URL (the nginx peer) needs none."""
+    if not remote.url.startswith("s3://"):
+        return {"cache_dir": remote.cache_dir}
     return {"storage_options": {"endpoint_url": remote.endpoint_url, "key": remote.key, "secret": remote.secret},
             "cache_dir": remote.cache_dir}
 

@@ -1,0 +1,328 @@
+"""Compressed shards (format 2.0, spec/FORMAT.md §1.6): every record one zstd frame, a shard's dictionary, the bounds.
+
+What is on disk and the rules a read checks, with no file I/O: the compression ids of the header, the
+dictionary section's checks, a zstd frame's header and extent (RFC 8878 §3.1.1, parsed here, not by the
+binding, so that a frame's declared content size is checked before anything is allocated) and the binding
+itself (python-zstandard, the optional extra ``varstore[zstd]``), loaded only when a compressed shard is
+written or read. `Compressor` and `Decompressor` are the two directions; `choose` is what ``"auto"`` measures.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from ..errors import FormatError, VarstoreError
+
+NONE, ZSTD, ZSTD_DICT = 0, 1, 2
+NAMES = {NONE: "none", ZSTD: "zstd", ZSTD_DICT: "zstd-dict"}
+IDS = {name: number for number, name in NAMES.items()}
+CHOICES = ("zstd", "zstd-dict", "auto")  # what a writer's `compression` may be, besides None
+
+MAX_DICTIONARY_SIZE = 1 << 20
+MAX_WINDOW_SIZE = 1 << 23  # RFC 8878's recommended decoder limit; writers stay within it
+SIZE_BYTES = 4  # one u32 decoded size per record in a compressed shard's index
+MAX_RECORD_SIZE = (1 << 32) - 1
+MIN_LEVEL, MAX_LEVEL = 1, 19  # levels 20-22 need windows over MAX_WINDOW_SIZE
+
+FRAME_MAGIC = b"\x28\xb5\x2f\xfd"
+DICTIONARY_MAGIC = b"\x37\xa4\x30\xec"
+_BLOCK_MAXIMUM = 128 << 10
+
+# The bounded sample a writer compresses (auto) or trains a dictionary on (zstd-dict): its first records up to
+# SAMPLE_BYTES and SAMPLE_RECORDS, trained with fixed cover parameters so training takes about a second at most.
+SAMPLE_BYTES = 4 << 20
+SAMPLE_RECORDS = 16384
+DICTIONARY_SIZE = 112640  # zstd's default; smaller when the sample is small (a tenth of it)
+MIN_TRAINING_RECORDS = 16
+DICTIONARY_LEVEL_BONUS = 6  # the dictionary path compresses small records: a higher level costs them little
+# auto: compression pays when the sample shrinks below this fraction of its raw size
+WORTHWHILE_RATIO = 0.9
+DICTIONARY_GAIN = 0.9  # ... and the dictionary when it gives at most this fraction of plain zstd's size
+
+
+def zstandard() -> Any:
+    """The python-zstandard module, or an error naming the extra that installs it."""
+    try:
+        import zstandard as module
+    except ImportError:
+        raise VarstoreError(
+            "compressed shards need the zstandard package: pip install 'varstore[zstd]'"
+        ) from None
+    return module
+
+
+def check_level(level: Any) -> int:
+    if type(level) is not int or not MIN_LEVEL <= level <= MAX_LEVEL:
+        raise VarstoreError(f"compression_level must be an integer from {MIN_LEVEL} to {MAX_LEVEL}, not {level!r}")
+    return level
+
+
+def check_choice(compression: Any) -> str | None:
+    if compression is not None and compression not in CHOICES:
+        raise VarstoreError(f"compression must be None, 'zstd', 'zstd-dict' or 'auto', not {compression!r}")
+    return compression
+
+
+# -- what is on disk -----------------------------------------------------------------------------------------
+
+
+def dictionary_id(raw: bytes, *, path: str) -> int:
+    """The Dictionary_ID of a shard's dictionary section (RFC 8878 §5), refusing one that is no zstd dictionary."""
+    if len(raw) < 8 or raw[:4] != DICTIONARY_MAGIC:
+        raise FormatError("the dictionary does not start with the zstd dictionary magic 37 a4 30 ec", path=path)
+    (number,) = struct.unpack_from("<I", raw, 4)
+    if number == 0:
+        raise FormatError("the dictionary's Dictionary_ID is 0", path=path)
+    return number
+
+
+class FrameHeader(NamedTuple):
+    content_size: int | None  # Frame_Content_Size, None when the frame does not declare it
+    dictionary_id: int  # 0 when absent
+    window_size: int | None  # None for a single-segment frame (its window is its content)
+    checksum: bool
+    size: int  # bytes of magic and header
+
+
+def frame_header(data: Any, start: int, end: int) -> FrameHeader:
+    """The header of the zstd frame at data[start:end] (RFC 8878 §3.1.1); ValueError if it is none."""
+    if end - start < 6 or bytes(data[start : start + 4]) != FRAME_MAGIC:
+        raise ValueError("not a zstd frame (no frame magic 28 b5 2f fd)")
+    descriptor = data[start + 4]
+    if descriptor & 0x08:
+        raise ValueError("the frame header's reserved bit is set")
+    single_segment = bool(descriptor & 0x20)
+    position = start + 5
+    window = None
+    if not single_segment:
+        exponent, mantissa = data[position] >> 3, data[position] & 7
+        base = 1 << (10 + exponent)
+        window = base + (base >> 3) * mantissa
+        position += 1
+    id_size = (0, 1, 2, 4)[descriptor & 3]
+    content_flag = descriptor >> 6
+    content_bytes = (1 if single_segment else 0, 2, 4, 8)[content_flag]
+    if position + id_size + content_bytes > end:
+        raise ValueError("the record ends inside the frame header")
+    number = int.from_bytes(bytes(data[position : position + id_size]), "little")
+    position += id_size
+    content = None
+    if content_bytes:
+        content = int.from_bytes(bytes(data[position : position + content_bytes]), "little") + (256 if content_bytes == 2 else 0)
+        position += content_bytes
+    return FrameHeader(content, number, window, bool(descriptor & 0x04), position - start)
+
+
+def frame_end(data: Any, start: int, end: int, header: FrameHeader) -> int:
+    """Where the frame at data[start:end] ends: after its last block and its checksum (RFC 8878 §3.1.1.2)."""
+    position = start + header.size
+    block_limit = min(header.window_size or header.content_size or 0, _BLOCK_MAXIMUM)
+    while True:
+        if position + 3 > end:
+            raise ValueError("the record ends inside a block header")
+        value = data[position] | data[position + 1] << 8 | data[position + 2] << 16
+        last, kind, size = value & 1, (value >> 1) & 3, value >> 3
+        if kind == 3:
+            raise ValueError("a block of the reserved type 3")
+        if size > block_limit and not (kind == 0 and size == 0):
+            raise ValueError(f"a block of {size} bytes exceeds the frame's block maximum of {block_limit}")
+        position += 3 + (1 if kind == 1 else size)
+        if last:
+            break
+    position += 4 if header.checksum else 0
+    if position > end:
+        raise ValueError("the record ends inside the frame")
+    return position
+
+
+def check_frame(data: Any, start: int, end: int, declared: int, expected_dictionary: int) -> None:
+    """Refuse (ValueError) the record data[start:end] unless it is exactly one zstd frame that declares `declared`
+    content bytes, names `expected_dictionary` (0: none), and has a window within MAX_WINDOW_SIZE (§1.6)."""
+    header = frame_header(data, start, end)
+    if header.content_size is None:
+        raise ValueError("the frame does not declare its content size")
+    if header.content_size != declared:
+        raise ValueError(f"the frame declares {header.content_size} content bytes, the index {declared}")
+    if header.window_size is not None and header.window_size > MAX_WINDOW_SIZE:
+        raise ValueError(f"the frame's window of {header.window_size} bytes exceeds {MAX_WINDOW_SIZE}")
+    if header.dictionary_id != expected_dictionary:
+        expected = f"dictionary {expected_dictionary}" if expected_dictionary else "no dictionary"
+        raise ValueError(f"the frame names dictionary {header.dictionary_id}, the shard's frames name {expected}")
+    stop = frame_end(data, start, end, header)
+    if stop != end:
+        raise ValueError(f"{end - stop} bytes follow the frame")
+
+
+# -- decompression -------------------------------------------------------------------------------------------
+
+
+class Decompressor:
+    """Decodes one compressed shard's frames; per thread a zstd context, the dictionary loaded once per process."""
+
+    def __init__(self, compression: int, dictionary: bytes | None) -> None:
+        self.compression = compression
+        self.dictionary = dictionary
+        self.dictionary_id = _dictionary_number(dictionary) if dictionary else 0
+        self._module = zstandard()
+
+    def _context(self) -> Any:
+        return _contexts(self._module, self.dictionary)
+
+    def decompress(self, data: Any, start: int, end: int, size: int) -> bytes:
+        """The frame data[start:end], checked (`check_frame`) before `size` bytes are allocated for it."""
+        check_frame(data, start, end, size, self.dictionary_id)
+        try:
+            return self._context().decompress(data[start:end], max_output_size=size)
+        except self._module.ZstdError as error:
+            raise ValueError(f"the frame does not decode: {error}") from None
+
+    def decompress_many(self, data: Any, starts: Sequence[int], ends: Sequence[int], sizes: Sequence[int]) -> list[Any]:
+        """Frames data[starts[k]:ends[k]], each checked, decoded in one call that releases the GIL; the results are
+        buffers of their `sizes`. A batch whose call fails is decoded frame by frame, so the error names its frame."""
+        for start, end, size in zip(starts, ends, sizes):
+            check_frame(data, start, end, size, self.dictionary_id)
+        # Empty records are decoded one by one: python-zstandard 0.25 frees twice a batch whose output is empty.
+        batched = [k for k, size in enumerate(sizes) if size]
+        results: list[Any] = [b""] * len(sizes)
+        for k, size in enumerate(sizes):
+            if not size or len(batched) < 2:
+                results[k] = self.decompress(data, starts[k], ends[k], size)
+        if len(batched) < 2:
+            return results
+        module = self._module
+        with memoryview(data) as view:
+            frames = [view[starts[k] : ends[k]] for k in batched]
+            try:
+                segments = self._context().multi_decompress_to_buffer(
+                    frames, decompressed_sizes=struct.pack(f"<{len(batched)}Q", *(sizes[k] for k in batched))
+                )
+            except module.ZstdError as error:
+                for k in batched:
+                    self.decompress(data, starts[k], ends[k], sizes[k])
+                raise ValueError(f"the frames do not decode: {error}") from None
+        for position, k in enumerate(batched):
+            results[k] = segments[position]
+        return results
+
+
+_LOCAL = threading.local()
+_DICTIONARIES: dict[bytes, Any] = {}
+_DICTIONARIES_LOCK = threading.Lock()
+
+
+def _dictionary_number(raw: bytes) -> int:
+    (number,) = struct.unpack_from("<I", raw, 4)
+    return number
+
+
+def _contexts(module: Any, dictionary: bytes | None) -> Any:
+    """This thread's decompression context for `dictionary` (zstd contexts are not shared between threads); the
+    parsed dictionary itself is shared by every thread and reader of the process."""
+    contexts = getattr(_LOCAL, "contexts", None)
+    if contexts is None:
+        contexts = _LOCAL.contexts = {}
+    key = dictionary or b""
+    context = contexts.get(key)
+    if context is None:
+        if dictionary:
+            with _DICTIONARIES_LOCK:
+                parsed = _DICTIONARIES.get(dictionary)
+                if parsed is None:
+                    parsed = _DICTIONARIES[dictionary] = module.ZstdCompressionDict(dictionary, dict_type=module.DICT_TYPE_FULLDICT)
+            context = module.ZstdDecompressor(dict_data=parsed, max_window_size=MAX_WINDOW_SIZE)
+        else:
+            context = module.ZstdDecompressor(max_window_size=MAX_WINDOW_SIZE)
+        contexts[key] = context
+    return context
+
+
+# -- compression ---------------------------------------------------------------------------------------------
+
+
+class Compressor:
+    """Compresses a shard's payloads, each into one frame that declares its size (and names the dictionary)."""
+
+    def __init__(self, compression: int, level: int, dictionary: bytes | None = None) -> None:
+        module = zstandard()
+        self.compression = compression
+        self.level = level
+        self.dictionary = dictionary
+        parsed = module.ZstdCompressionDict(dictionary, dict_type=module.DICT_TYPE_FULLDICT) if dictionary else None
+        self._context = module.ZstdCompressor(level=level, dict_data=parsed, write_checksum=False, write_content_size=True)
+        self.compress = self._context.compress
+
+    def compress_all(self, payloads: Sequence[Any]) -> list[bytes]:
+        compress = self.compress
+        return [compress(payload) for payload in payloads]
+
+
+def train(samples: Sequence[bytes], level: int) -> bytes | None:
+    """A dictionary trained on `samples` (already bounded by the caller), or None when they are too few or too
+    small to train one (zstd refuses, or the dictionary would be most of the sample)."""
+    module = zstandard()
+    total = sum(map(len, samples))
+    size = min(DICTIONARY_SIZE, total // 10)
+    if len(samples) < MIN_TRAINING_RECORDS or size < 1024:
+        return None
+    try:
+        trained = module.train_dictionary(size, list(samples), k=200, d=8, steps=0, level=level)
+    except module.ZstdError:
+        return None
+    raw = trained.as_bytes()
+    return raw if len(raw) <= MAX_DICTIONARY_SIZE else None
+
+
+class Choice(NamedTuple):
+    """What a writer's bounded sample decided: the compression, its dictionary, and what was measured."""
+
+    compression: int
+    dictionary: bytes | None
+    level: int
+    measured: dict[str, Any]  # for the metadata's "compression" member
+
+
+def choose(requested: str, samples: Sequence[bytes], level: int) -> Choice:
+    """Decide from the first records (`samples`, within SAMPLE_BYTES and SAMPLE_RECORDS) how a shard is stored.
+
+    ``zstd-dict`` trains a dictionary (falling back to plain ``zstd`` when the sample is too small to train one);
+    ``auto`` also measures: raw when zstd saves less than a tenth (tokens, JPEGs), the dictionary when it saves a
+    tenth of plain zstd's size, else plain zstd. The sample's ratios are recorded in the metadata.
+    """
+    raw = sum(map(len, samples))
+    dictionary_level = min(MAX_LEVEL, level + DICTIONARY_LEVEL_BONUS)
+    if requested == "zstd":
+        return Choice(ZSTD, None, level, {})
+    started = time.perf_counter()
+    dictionary = train(samples, dictionary_level)
+    if requested == "zstd-dict":
+        return Choice(ZSTD_DICT, dictionary, dictionary_level, {}) if dictionary else Choice(ZSTD, None, level, {})
+    plain = sum(map(len, Compressor(ZSTD, level).compress_all(samples)))
+    ratios: dict[str, float] = {"zstd": _ratio(plain, raw)}
+    if dictionary:
+        with_dictionary = len(dictionary) + sum(map(len, Compressor(ZSTD_DICT, dictionary_level, dictionary).compress_all(samples)))
+        ratios["zstd-dict"] = _ratio(with_dictionary, raw)
+    measured = {"sample_records": len(samples), "sample_bytes": raw, "sample_ratios": ratios,
+                "sample_seconds": round(time.perf_counter() - started, 3)}
+    if raw == 0 or ratios["zstd"] > WORTHWHILE_RATIO and ratios.get("zstd-dict", 1.0) > WORTHWHILE_RATIO:
+        return Choice(NONE, None, level, measured)
+    if "zstd-dict" in ratios and ratios["zstd-dict"] <= DICTIONARY_GAIN * ratios["zstd"]:
+        return Choice(ZSTD_DICT, dictionary, dictionary_level, measured)
+    return Choice(ZSTD, None, level, measured)
+
+
+def _ratio(stored: int, raw: int) -> float:
+    return round(stored / raw, 4) if raw else 1.0
+
+
+def metadata_member(choice: Choice, requested: str) -> dict[str, Any]:
+    """The metadata's ``"compression"`` member for a shard written with `choice` (§1.6)."""
+    member: dict[str, Any] = {"name": NAMES[choice.compression]}
+    if choice.compression != NONE:
+        member["level"] = choice.level
+    if requested == "auto":
+        member["auto"] = choice.measured
+    return member
