@@ -307,8 +307,14 @@ def test_a_failed_job_is_abandoned_only_after_its_other_tasks_end(spark: Any, s3
             wait_for(lambda: not set(published) <= bucket_files(url, options), 10.0)  # abandoned under it?
         return row["payload"]
 
-    with pytest.raises(PythonException, match="every attempt"):
-        write_dataframe(payload_frame(spark), url, record=record, max_shard_bytes=SHARD_BYTES, storage_options=options)
+    # Batches of 50 rows, as in the test above: partition 0 has published shards of its own by row 150 whatever
+    # the batch size Spark would choose (extend buffers up to 1,024 records of a generator).
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "50")
+    try:
+        with pytest.raises(PythonException, match="every attempt"):
+            write_dataframe(payload_frame(spark), url, record=record, max_shard_bytes=SHARD_BYTES, storage_options=options)
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
 
     assert bucket_files(url, options) == set(), "a task that outlived the failed job left shards behind"
 
