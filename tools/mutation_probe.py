@@ -63,6 +63,14 @@ MODULE_TESTS = {
     "varstore/local/manifest_file.py": ["tests/test_sharded.py", "tests/test_resume.py", "tests/test_manifest_rules.py"],
     "varstore/torch/sampler.py": ["tests/test_torch_sampler.py", "tests/test_boundaries.py"],
     "varstore/torch/token_windows.py": ["tests/test_torch_token_windows.py", "tests/test_boundaries.py"],
+    # Round 2's modules (object storage, engines' parts, the journal, streams), with their fastest test files.
+    "varstore/remote/filesystems.py": ["tests/test_remote_filesystems.py"],
+    "varstore/remote/cache.py": ["tests/test_remote_cache.py"],
+    "varstore/dataset/remote_source.py": ["tests/test_remote_open.py"],
+    "varstore/dataset/parts.py": ["tests/test_parts.py"],
+    "varstore/local/journal.py": ["tests/test_journal_line_checksums.py", "tests/test_resume.py"],
+    "varstore/torch/permutation.py": ["tests/test_torch_block_sampler.py", "tests/test_torch_sampler.py"],
+    "varstore/torch/stream.py": ["tests/test_torch_stream.py"],
 }
 DEFAULT_BUDGET_SECONDS = 35 * 60
 TEST_TIMEOUT_SECONDS = 30  # per test: a mutant that makes a loop endless is killed after this (no fast test nears it)
