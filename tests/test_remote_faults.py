@@ -431,3 +431,25 @@ def test_refused_credentials_say_so_and_are_not_retried(uploaded: dict[str, Any]
     if code != "AccessDenied":
         assert "key and secret" in str(raised.value)
     assert proxy.count() == 1
+
+
+# -- every transient HTTP status is retried, and a permanent one is not -----------------------------------------
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("status", [408, 429, 500, 502, 503, 504])
+def test_each_transient_http_status_once_costs_a_retry_not_the_read(proxied: dict[str, Any], status: int) -> None:
+    proxy, fs, path, url = proxied["proxy"], proxied["fs"], proxied["path"], proxied["url"]
+    proxy.error(status, "TransientByStatus", times=1, method="GET")
+    sleep = SleepRecorder()
+    assert read_range(fs, path, 100, 110, url=url, size=len(DATA), sleep=sleep) == DATA[100:110]
+    assert [record.fault for record in gets(proxy, f"/{proxied['bucket']}/object")] == ["error", None]
+
+
+@pytest.mark.timeout(60)
+def test_a_permanent_http_status_is_not_retried(proxied: dict[str, Any]) -> None:
+    proxy, fs, path, url = proxied["proxy"], proxied["fs"], proxied["path"], proxied["url"]
+    proxy.error(400, "BadRequestByStatus", times=None, method="GET")
+    with pytest.raises(StorageError):
+        read_range(fs, path, 100, 110, url=url, size=len(DATA), sleep=SleepRecorder())
+    assert len(gets(proxy, f"/{proxied['bucket']}/object")) == 1
