@@ -10,7 +10,8 @@ it enforces, and the reader is staged as the spec is, so a test can tell
 - `Shard.verify()`: full verification (§1.3);
 - `open_dataset(directory)`, `Dataset.record(g)`, `Dataset.verify()`: the same for a dataset (§3, §3.1), which checks
   at open only what §3.1 says a reader must check then (every shard's file sizes, §1.3 steps 1-6 of its header and
-  the header's agreement with its entry), and the rest of a shard's open checks before its first read.
+  the header's agreement with its entry, and all of them for a shard of 0 records), and the rest of a shard's
+  open checks before its first read.
 
 `read_shard` and `read_dataset` do all three and return everything, decoded.
 Clarity over speed: it reads whole files and decodes MessagePack in Python. Compressed shards (format 2.0,
@@ -425,18 +426,26 @@ HEADER_FIELDS = ("magic", "major_version", "minor_version", "codec", "reserved",
                  "metadata_size", "data_crc32c", "data_edge_crc32c", "body_crc32c", "reserved_tail", "header_crc32c")
 
 
+def _read_file(path: str, rule: str) -> bytes:
+    """The bytes of a shard file opened by its path, links followed (§1.3): it must exist and be a regular file."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise SpecError(rule, f"{path} is missing") from None
+    require(stat.S_ISREG(info.st_mode), rule, f"{path} is not a regular file")
+    with open(path, "rb") as file:
+        return file.read()
+
+
 def _read_files(prefix: str) -> tuple[bytes, bytes]:
-    with open(prefix + ".index", "rb") as file:
-        index = file.read()
-    with open(prefix + ".data", "rb") as file:
-        data = file.read()
-    return index, data
+    return _read_file(prefix + ".index", "§1.3 step 1"), _read_file(prefix + ".data", "§1.3 step 8")
 
 
 def open_shard(prefix: str) -> Shard:
-    """The checks of §1.3 at open, in the spec's order."""
-    index, data = _read_files(prefix)
-    return _open_checked(index, data, check_header(index))
+    """The checks of §1.3 at open, in the spec's order (a missing index fails step 1, a missing data file step 8)."""
+    index = _read_file(prefix + ".index", "§1.3 step 1")
+    header = check_header(index)
+    return _open_checked(index, _read_file(prefix + ".data", "§1.3 step 8"), header)
 
 
 def check_header(index: bytes) -> dict:
@@ -656,7 +665,10 @@ def parse_manifest(raw: bytes) -> dict:
     codec, metadata, shards = manifest["codec"], manifest["metadata"], manifest["shards"]
     require(isinstance(codec, dict) and set(codec) == {"name", "params"}, rule, 'codec is exactly {"name", "params"}')
     require(codec["name"] in CODEC_NAMES.values(), rule, f"codec {codec['name']!r}")
-    codec_from(codec["name"], codec["params"], rule)
+    try:
+        codec_from(codec["name"], codec["params"], rule)
+    except SpecError as error:  # §6.3's labels: whatever is wrong in the manifest breaks §3.1, §2.1's values included
+        raise SpecError(rule, str(error)) from None
     require(isinstance(metadata, dict) and isinstance(shards, list), rule, "metadata object and shards array")
     for entry in shards:
         require(isinstance(entry, dict) and set(entry) == SHARD_MEMBERS, rule, f"a shard object has exactly {sorted(SHARD_MEMBERS)}")
@@ -688,8 +700,9 @@ def _regular_file_size(path: str) -> int:
 
 def open_dataset(directory: str) -> Dataset:
     """What §3.1 says a reader must check at open, and no more: the manifest, then for every listed shard its files'
-    sizes, §1.3 steps 1-6 of its header and the header's agreement with its entry. The rest of §1.3 and the codec
-    parameters are checked before the shard's first read (`Dataset.shard`), or by `Dataset.verify`."""
+    sizes, §1.3 steps 1-6 of its header and the header's agreement with its entry, and for a shard of 0 records
+    also the rest of §1.3 and its codec parameters. For the others those are checked before the shard's first read
+    (`Dataset.shard`), or by `Dataset.verify`."""
     path = os.path.join(directory, "manifest.json")
     require(_regular_file_size(path) <= MAX_MANIFEST_SIZE, "§3.1", "manifest over 64 MiB")
     with open(path, "rb") as file:
@@ -708,7 +721,11 @@ def open_dataset(directory: str) -> Dataset:
         index_crc = crc32c_combine(crc32c(index[:64]), header["body_crc32c"], len(index) - 64)
         require(index_crc == entry["index_crc32c"], "§3.1", f"shard {name}: index_crc32c")
         listed.append(ListedShard(entry, index, data, header))
-    return Dataset(manifest, listed)
+    dataset = Dataset(manifest, listed)
+    for k, entry in enumerate(manifest["shards"]):
+        if entry["records"] == 0:  # nothing is ever read from it, so no first read would check it
+            dataset.shard(k)
+    return dataset
 
 
 def read_dataset(directory: str) -> dict:

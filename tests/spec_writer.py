@@ -3,8 +3,8 @@
 It imports nothing from varstore and no msgpack or JSON encoder: the notation decoder (§6), the canonical
 JSON of the metadata (§1.4) and the canonical MessagePack of records (§2.2) are written here from the
 spec's words, so a vector it reproduces byte for byte is an expected value independent of the code under
-test. The one borrowed piece is Python's ``repr(float)``, used only for the shortest round-trip digit string
-of a float (the spelling around those digits follows §1.4 here); CRC32C is the spec-side one of
+test. Float digits come from Python's correctly rounded ``%e`` formatting, searched for §1.4's shortest
+round-trip string (not from ``repr``, whose algorithm is the one varstore uses); CRC32C is the spec-side one of
 spec_reader.
 """
 
@@ -103,7 +103,7 @@ def _map_entry(entry: Any) -> tuple[Any, Any]:
 
 
 def _elements(dtype: str, shape: list[int], values: list[Any]) -> bytes:
-    letter, itemsize = _ELEMENT_FORMATS[dtype]
+    letter, _ = _ELEMENT_FORMATS[dtype]
     if len(values) != math.prod(shape):
         raise NotationError(f"$array of shape {shape} needs {math.prod(shape)} values, has {len(values)}")
     parts = [pair for value in values for pair in value] if dtype[1] == "c" else values
@@ -115,9 +115,12 @@ def _element(letter: str, value: Any) -> bytes:
         if not isinstance(value, bool):
             raise NotationError(f"|b1 values are true or false: {value!r}")
         return bytes([value])  # §2.2: a |b1 element is the byte 0 or 1
-    if isinstance(value, dict):
+    floating = letter in _QUIET_NAN_BITS
+    if floating and isinstance(value, dict):
         value = _non_finite(value.get("$float"))
-    if letter in _QUIET_NAN_BITS and math.isnan(value):
+    elif type(value) is not (float if floating else int):  # §6.1: `1` is no float value, `1.0` no integer one
+        raise NotationError(f"a value of struct format {letter!r} is a JSON {'float' if floating else 'integer'}: {value!r}")
+    if floating and math.isnan(value):
         bits_letter, bits = _QUIET_NAN_BITS[letter]
         return struct.pack("<" + bits_letter, bits)
     packed = struct.pack("<" + letter, value)
@@ -178,12 +181,16 @@ def json_float(value: float) -> str:
 
 
 def _shortest_digits(value: float) -> tuple[str, int]:
-    """(significant digits without leading or trailing zeros, decimal exponent of the first), value = D.DDD × 10^e."""
-    mantissa, _, exponent = repr(value).partition("e")
-    whole, _, fraction = mantissa.partition(".")
-    digits = (whole + fraction).rstrip("0")
-    stripped = digits.lstrip("0")
-    return stripped, int(exponent or 0) + len(whole) - 1 - (len(digits) - len(stripped))
+    """(significant digits without trailing zeros, decimal exponent of the first), value = D.DDD × 10^e: §1.4's
+    fewest digits that read back to `value`, at that length the nearest to its exact value, a tie to the even
+    digit. ``%e`` formatting rounds the exact binary value correctly, half to even, so the first precision whose
+    string reads back is the answer."""
+    for precision in range(1, 18):
+        text = f"{value:.{precision - 1}e}"
+        if float(text) == value:
+            mantissa, _, exponent = text.partition("e")
+            return mantissa.replace(".", "").rstrip("0"), int(exponent)
+    raise AssertionError(f"{value!r} needs more than 17 digits")  # every float64 reads back from 17
 
 
 # -- canonical MessagePack (§2.2) -----------------------------------------------------------------------

@@ -1,14 +1,16 @@
 """The damaged cases of spec/vectors/damaged/: every reader must refuse each, at the point its description names.
 
-A case is a shard (``shard.index`` + ``shard.data``) or a dataset directory, with ``NAME.json``:
-the rule it breaks, what changed, and ``refused_at``: "open" (opening raises), "read" (opening works,
-reading record ``record`` raises) or "verify" (only a full verification raises). The spec-only reader
+A case is a shard (``shard.index`` + ``shard.data``; data-file-missing lacks the second) or a dataset directory,
+with ``NAME.json``: the rule it breaks (a label of the spec's §6.3 table), what changed, and ``refused_at``: "open"
+(opening raises), "read" (opening works, reading record ``record`` raises) or "verify" (only a full verification raises). The spec-only reader
 must refuse each for that rule at that point; varstore must refuse each at that point.
 """
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,29 @@ DAMAGED = VECTORS / "damaged"
 CASES = sorted(path.stem for path in DAMAGED.glob("*.json"))
 GOOD_SHARDS = sorted(path.stem for path in VECTORS.glob("*.json"))
 GOOD_DATASETS = sorted(path.stem for path in (VECTORS / "datasets").glob("*.json"))
+SPEC = VECTORS.parent / "FORMAT.md"
+
+
+def _spec_labels() -> set[str]:
+    """The labels of §6.3's table (each failure -> its label): the last cell of each row after its heading line."""
+    text = SPEC.read_text(encoding="utf-8")
+    table = text[text.index("Each failure has one label") :].split("\n\n")[1]
+    return {re.fullmatch(r".*\| `([^`]+)` \|", row).group(1) for row in table.splitlines()[2:]}
+
+
+def test_every_damaged_case_names_a_label_of_the_spec_table():
+    labels = _spec_labels()
+    described = {path.name: json.loads(path.read_text(encoding="utf-8"))["rule"] for path in VECTORS.glob("**/damaged/*.json")}
+    assert len(described) > len(CASES)  # the compressed cases too
+    assert {name: rule for name, rule in described.items() if rule not in labels} == {}
+
+
+def test_every_label_the_spec_reader_raises_is_in_the_spec_table():
+    """Every string literal of spec_reader.py shaped like a label ("§1.3 step 8", "§2.1") is one it can give."""
+    tree = ast.parse(Path(spec_reader.__file__).read_text(encoding="utf-8"))
+    shaped = re.compile(r"§[0-9.]+( step [0-9]+| read| verify)?")
+    raised = {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str) and shaped.fullmatch(node.value)}
+    assert len(raised) > 10 and raised <= _spec_labels()
 
 
 def _case(name: str) -> dict:

@@ -10,13 +10,14 @@ import struct
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import varstore
-from varstore.format import header as fmt
+from varstore.format.metadata import canonical_json, parse_strict_json
 from varstore.format.notation import from_json, to_json
 
-from . import spec_reader
-from varstore.format.metadata import canonical_json, parse_strict_json
+from . import spec_reader, spec_writer
 
 DAMAGED = Path(__file__).resolve().parent.parent / "spec" / "vectors" / "damaged"
 DBL_MAX = struct.unpack("<d", struct.pack("<Q", 0x7FEFFFFFFFFFFFFF))[0]
@@ -84,3 +85,39 @@ def test_spec_reader_refuses_shard_names_equal_ignoring_case_for_that_reason():
     raw = (DAMAGED / "shard-names-differ-only-in-case" / "manifest.json").read_bytes()
     with pytest.raises(spec_reader.SpecError, match="differ only in case"):
         spec_reader.parse_manifest(raw)
+
+
+def test_minus_zero_is_read_as_the_integer_zero_and_written_as_0():
+    """§1.4: -0 has no fraction or exponent, so it is the integer 0 (a manifest's "crc32c" counts it as 0), not -0.0."""
+    for parsed in both_parse(b'{"x":-0}'):
+        assert type(parsed["x"]) is int and parsed["x"] == 0
+        assert canonical_json(parsed, what="m") == spec_writer.canonical_json(parsed) == b'{"x":0}'
+
+
+@pytest.mark.parametrize(
+    "value, spelled",
+    [(2**50 + 0.25, "1125899906842624.2"), (2**50 + 0.75, "1125899906842624.8"), (2**50 + 1.25, "1125899906842625.2")],
+)
+def test_a_tie_between_two_shortest_float_spellings_goes_to_the_even_digit(value, spelled):
+    """Each value is exactly halfway between two 17-digit strings that both read back to it (an exact x.25 or x.75)."""
+    below, above = spelled[:-1] + str(int(spelled[-1]) - 1), spelled[:-1] + str(int(spelled[-1]) + 1)
+    assert sum(float(text) == value for text in (below, spelled, above)) == 2
+    assert canonical_json({"x": value}, what="m") == spec_writer.canonical_json({"x": value}) == f'{{"x":{spelled}}}'.encode()
+
+
+@given(st.floats(allow_nan=False, allow_infinity=False))
+def test_spec_writer_float_digits_agree_with_varstore_for_every_float(value):
+    """spec_writer searches correctly rounded %e strings; varstore uses repr: two algorithms, one §1.4 spelling."""
+    assert spec_writer.canonical_json([value]) == canonical_json([value], what="m")
+
+
+@pytest.mark.parametrize(
+    "dtype, values", [("<f4", [1]), ("<f8", [0]), ("<c8", [[1, 0.0]]), ("<u2", [1.0]), ("|i1", [True])]
+)
+def test_notation_refuses_an_integer_among_float_values_and_a_float_among_integer_values(dtype, values):
+    """§6.1: `1` is an integer and `1.0` a float everywhere in the notation, `$array` values included."""
+    spelled = {"$array": {"dtype": dtype, "shape": [len(values)], "values": values}}
+    with pytest.raises(ValueError):
+        from_json(spelled)
+    with pytest.raises(spec_writer.NotationError):
+        spec_writer.from_notation(spelled)

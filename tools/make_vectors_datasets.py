@@ -171,7 +171,7 @@ class Case:
     rule: str
     what: str
     refused_at: str  # "open", "read" or "verify"
-    make: Callable[[Path], Any]  # scratch directory -> a Shard, or (index bytes, data bytes)
+    make: Callable[[Path], Any]  # scratch directory -> a Shard, or (index bytes, data bytes or None: no data file)
     record: int | None = None
 
 
@@ -259,10 +259,20 @@ SHARD_CASES: dict[str, Case] = {
         lambda s: _with(u2_shard(s), lambda shard: setattr(shard, "metadata", b'{"codec":{"dtype":">u2","shape":[]},"user":{}}'))),
     "ndarray-shape-zero": Case("§2.1", "The trailing shape is [0].", "open",
         lambda s: _with(u2_shard(s), lambda shard: setattr(shard, "metadata", b'{"codec":{"dtype":"<u2","shape":[0]},"user":{}}'))),
+    "ndarray-shape-float-2-point-0": Case("§2.1", 'The trailing shape is [2.0], a float, not the integer 2.', "open",
+        lambda s: _with(u2_shard(s), lambda shard: setattr(shard, "metadata", b'{"codec":{"dtype":"<u2","shape":[2.0]},"user":{}}'))),
+    "ndarray-shape-float-2e0": Case("§2.1", 'The trailing shape is [2e0], a float (it has an exponent), not the integer 2.', "open",
+        lambda s: _with(u2_shard(s), lambda shard: setattr(shard, "metadata", b'{"codec":{"dtype":"<u2","shape":[2e0]},"user":{}}'))),
+    "ndarray-row-size-2-to-64": Case("§2.1", "A |u1 shard of no records has the trailing shape [65536, 65536, 65536, 65536]: "
+        "its row is 2^64 bytes, 0 in wrapping 64-bit arithmetic.", "open",
+        lambda s: _with(base_shard(s, "ndarray", [], dtype="|u1"), lambda shard: setattr(
+            shard, "metadata", b'{"codec":{"dtype":"|u1","shape":[65536,65536,65536,65536]},"user":{}}'))),
     "data-file-one-byte-long": Case("§1.3 step 8", "The data file has one byte more than data_size.", "open",
         lambda s: _data_longer(bytes_shard(s))),
     "ndarray-data-not-whole-rows": Case("§1.3 step 8", "A <u2 shard's data file is 5 bytes (data_size and offsets[N] say 5 too).", "open",
         lambda s: _u2_with_records(s, [0, 4, 5], b"\x01\x00\x02\x00\x03")),
+    "data-file-missing": Case("§1.3 step 8", "shard.data does not exist (shard.index is whole and valid).", "open",
+        lambda s: (bytes_shard(s).pack()[0], None)),
     "first-offset-not-zero": Case("§1.3 step 9", "offsets[0] is 1.", "open",
         lambda s: _with(bytes_shard(s), lambda shard: shard.offsets.__setitem__(0, 1))),
     "last-offset-not-data-size": Case("§1.3 step 9", "offsets[N] is data_size - 1.", "open",
@@ -304,6 +314,15 @@ SHARD_CASES: dict[str, Case] = {
         lambda s: msgpack_shard(s, array_extension(b"<u2", (0, (1 << 64) - 1))), record=1),
     "array-empty-leading-dimension-huge": Case("§2.2", "An array extension of shape [2^17, 0]: a dimension before the first 0 "
         "exceeds 2^16.", "read", lambda s: msgpack_shard(s, array_extension(b"<u2", (1 << 17, 0))), record=1),
+    "array-empty-leading-dimension-2-to-16-plus-1": Case("§2.2", "An array extension of shape [2^16 + 1, 0]: one past "
+        "the inclusive bound on a dimension before the first 0.", "read",
+        lambda s: msgpack_shard(s, array_extension(b"<u2", ((1 << 16) + 1, 0))), record=1),
+    "array-empty-extent-2-to-24-plus-1": Case("§2.2", "An array extension of shape [0, 2^24 + 1]: its non-zero dimensions "
+        "multiply to one past the inclusive bound.", "read",
+        lambda s: msgpack_shard(s, array_extension(b"|u1", (0, (1 << 24) + 1))), record=1),
+    "array-size-wraps-to-zero": Case("§2.2", "An array extension of shape [2^32, 2^32] and dtype |u1 holds no bytes: its "
+        "2^64 elements are 0 in wrapping 64-bit arithmetic.", "read",
+        lambda s: msgpack_shard(s, array_extension(b"|u1", (1 << 32, 1 << 32))), record=1),
     "array-length-mismatch": Case("§2.2", "An array extension of shape [2] with dtype <u2 holds 3 bytes.", "read",
         lambda s: msgpack_shard(s, array_extension(b"<u2", (2,), b"\x01\x00\x02")), record=1),
     "array-dtype-not-allowed": Case("§2.2", 'An array extension has the dtype "|O".', "read",
@@ -477,6 +496,9 @@ DATASET_CASES: dict[str, DatasetCase] = {
         edit_manifest(lambda document: document["codec"].update(level=1))),
     "manifest-codec-params-not-exact": DatasetCase("§3.1", 'The codec is {"name": "str", "params": {"dtype": "<u2", "shape": []}}.',
         "open", edit_manifest(lambda document: document["codec"]["params"].update(dtype="<u2", shape=[]))),
+    "manifest-codec-dtype-big-endian": DatasetCase("§3.1", 'The manifest\'s codec parameters say dtype ">u2" (the shards '
+        "say <u2): a value §2.1 refuses, in the manifest, so §3.1's.", "open",
+        edit_manifest(lambda document: document["codec"]["params"].update(dtype=">u2")), base=base_u2_dataset),
     "manifest-codec-differs-from-shards": DatasetCase("§3.1", 'The manifest says codec "bytes"; the shards are str.', "open",
         edit_manifest(lambda document: document["codec"].update(name="bytes"))),
     "shard-name-dot-dot": DatasetCase("§3.1", 'A shard is named "..".', "open",
@@ -512,10 +534,22 @@ DATASET_CASES: dict[str, DatasetCase] = {
         rewrite_shard("a", lambda shard: setattr(shard, "metadata", b'{"codec":{"dtype":"<i2","shape":[]},"user":{}}')),
         record=0, base=base_u2_dataset),
     "empty-shard-codec-params-differ": DatasetCase("§3.1", 'The 0-record shard "b"\'s metadata says shape [1], the manifest '
-        '[] (its entry follows the shard): nothing is read from it, so only full verification must refuse it.', "verify",
+        '[] (its entry follows the shard): nothing is ever read from it, so it is checked whole at open.', "open",
         rewrite_shard("b", lambda shard: setattr(shard, "metadata", b'{"codec":{"dtype":"<u2","shape":[1]},"user":{}}')),
         base=base_u2_dataset),
+    "empty-shard-codec-params-lack-shape": DatasetCase("§2", 'The 0-record shard "b"\'s metadata codec parameters lack "shape" '
+        "(its entry follows the shard): a shard's own rule, checked at open for a shard of no records.", "open",
+        rewrite_shard("b", lambda shard: setattr(shard, "metadata", b'{"codec":{"dtype":"<u2"},"user":{}}')),
+        base=base_u2_dataset),
+    "manifest-minus-zero-checksummed-as-float": DatasetCase("§3.1", 'The manifest metadata holds -0, and "crc32c" is '
+        "that of the canonical JSON with the float -0.0 in its place (-0 is the integer 0).", "open",
+        lambda directory: _minus_zero_checksummed_as_float(directory)),
 }
+
+
+def _minus_zero_checksummed_as_float(directory: Path) -> None:
+    edit_manifest(lambda document: document["metadata"].update(zero=-0.0))(directory)
+    edit_manifest_text('"zero": -0.0', '"zero": -0')(directory)
 
 
 def _crc32c_as_float(directory: Path) -> None:
@@ -542,7 +576,8 @@ def write_shard_case(directory: Path, case: Case) -> None:
         made = case.make(Path(scratch))
         index, data = made.pack() if isinstance(made, Shard) else made
     (directory / "shard.index").write_bytes(index)
-    (directory / "shard.data").write_bytes(data)
+    if data is not None:
+        (directory / "shard.data").write_bytes(data)
 
 
 def write_dataset_case(directory: Path, case: DatasetCase) -> None:

@@ -1,6 +1,6 @@
 """A dataset directory on a local or mounted filesystem as a `ShardedReader` source, and the checks of §3.1 that
-a listed shard passes there: its files' sizes and index header at open (one 64-byte read per shard), its
-whole entry when it is mapped, and its index checksum in a full verification.
+a listed shard passes there: its files' sizes and index header at open (one 64-byte read per shard; a shard of 0
+records is opened whole), its whole entry when it is mapped, and its index checksum in a full verification.
 """
 
 from __future__ import annotations
@@ -36,11 +36,14 @@ def _check_shard_file(path: str, expected_size: int) -> None:
 
 
 def check_listed_shard(directory: str, entry: ShardEntry, codec: Codec) -> None:
-    """Check a listed shard against its manifest `entry` without mapping it (§3.1): the data file's size, and the
-    index file's size and header, read with one 64-byte pread and checked as §1.3 steps 1-6 say, against the entry."""
+    """Check a listed shard against its manifest `entry` (§3.1): the data file's size, and the index file's size
+    and header, read with one 64-byte pread and checked as §1.3 steps 1-6 say, against the entry. A shard of 0
+    records is also opened, so all of §1.3 and its codec are checked now: no read ever would."""
     data_path, index_path = fmt.shard_paths(os.path.join(directory, entry.name))
     _check_shard_file(data_path, entry.data_size)
     check_header_against_entry(_read_listed_header(index_path, entry.index_size), entry, codec, index_path)
+    if entry.records == 0:
+        open_listed_shard(directory, entry, codec).close()
 
 
 def _read_listed_header(index_path: str, expected_size: int) -> fmt.Header:
