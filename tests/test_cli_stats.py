@@ -63,9 +63,11 @@ def test_text_histogram_draws_the_fullest_bin_fifty_wide(capsys, tmp_path):
 
 
 def test_empty_store_has_count_and_no_histogram(capsys, tmp_path):
-    facts = run_json(capsys, "stats", write_shard(tmp_path / "empty", []))
+    shard = write_shard(tmp_path / "empty", [])
+    facts = run_json(capsys, "stats", shard)
     assert facts == {"records": 0, "total_bytes": 0, "min": None, "mean": None, "max": None, "percentiles": {},
-                     "histogram": [], "lengths": None}
+                     "histogram": [], "lengths": None,
+                     "shards": [{"name": str(shard), "compression": "none", "stored_bytes": 0, "raw_bytes": 0, "ratio": 1.0}]}
 
 
 def test_plot_draws_a_png(capsys, tmp_path):

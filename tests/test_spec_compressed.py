@@ -39,6 +39,15 @@ def test_vectors_cover_each_compression_and_the_cases_of_the_issue():
 
 
 @pytest.mark.parametrize("name", VECTORS)
+def test_a_vector_described_as_zstd_dict_holds_a_dictionary(name):
+    """A writer falls back to plain zstd when its sample is too small to train on: the vectors must not (§1.6:
+    header byte 13 is the compression, bytes 52-55 the dictionary's size)."""
+    index = (COMPRESSED / f"{name}.index").read_bytes()
+    compression, dictionary_size = index[13], int.from_bytes(index[52:56], "little")
+    assert (compression, dictionary_size > 0) == ((2, True) if _description(name)["compression"] == "zstd-dict" else (1, False))
+
+
+@pytest.mark.parametrize("name", VECTORS)
 def test_spec_only_reader_reads_compressed_vector_back_to_its_description(name):
     expected = _description(name)
     shard = spec_reader.read_shard(str(COMPRESSED / name))

@@ -53,7 +53,7 @@ def _records(name: str) -> tuple[str, dict[str, Any], list[Any], str]:
         return "msgpack", {}, [{"id": index, "text": text} for index, text in enumerate(_prose(200, 12))], "zstd-dict"
     if name == "zstd-dict-ndarray-tokens":
         generator = np.random.default_rng(7)
-        return "ndarray", {"dtype": "<u2"}, [generator.integers(0, 50, 30 + index % 11).astype("<u2") for index in range(120)], "zstd-dict"
+        return "ndarray", {"dtype": "<u2"}, [generator.integers(0, 50, 30 + index % 11).astype("<u2") for index in range(400)], "zstd-dict"
     raise KeyError(name)
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from ..conversion.driver import run_conversion
 from ..conversion.sources import FORMAT_OPTIONS, SOURCE_OPTIONS
 from ..errors import CommandError, ShardExistsError
+from ..format.compression import CHOICES, DICTIONARY_LEVEL_BONUS, MAX_LEVEL, MIN_LEVEL
 from ..local.file_url import resolve_file_url
 from ..operations.locations import is_url
 from .arguments import (
@@ -79,6 +80,7 @@ examples:
   varstore convert photos/ images/ --labels
   varstore convert docs.jsonl s3://bucket/docs --field text
   varstore convert docs.jsonl docs/ --field text --workers 8
+  varstore convert docs.jsonl docs/ --field text --compression auto
 
 """ + REMOTE_EPILOG
 
@@ -117,6 +119,13 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--max-shard-records", type=positive_int, metavar="N", help="at most N records per shard")
     parser.add_argument("--max-record-bytes", type=byte_size, metavar="SIZE",
                         help="jsonl, text, folder: refuse a line or file longer than SIZE (default 64M)")
+    parser.add_argument("--compression", choices=("none", *CHOICES), default="none",
+                        help="store each record as a zstd frame: zstd, zstd-dict (with a dictionary trained on each "
+                        "shard's first records), or auto (measured on those records: none, zstd or zstd-dict); "
+                        "needs the zstd extra (default none)")
+    parser.add_argument("--compression-level", type=positive_int, default=3, metavar="N",
+                        help=f"the zstd level, {MIN_LEVEL} to {MAX_LEVEL} (default 3; a shard with a dictionary is compressed "
+                        f"{DICTIONARY_LEVEL_BONUS} levels higher, at most {MAX_LEVEL})")
     parser.add_argument("--metadata", type=json_object, metavar="JSON", help="user metadata, a JSON object")
     parser.add_argument("--overwrite", action="store_true", help="replace a dataset already at DST")
     parser.add_argument("--workers", type=positive_int, default=1, metavar="N",
@@ -143,7 +152,8 @@ def run(args: argparse.Namespace) -> int:
             workers=args.workers, metadata=args.metadata, overwrite=args.overwrite, max_shard_bytes=args.max_shard_bytes,
             max_shard_records=args.max_shard_records, allow_other_files=args.allow_other_files,
             storage_options=args.storage_options if is_url(args.destination) else None,
-            progress=partial(progress_bar, description="convert", quiet=args.quiet),
+            compression=None if args.compression == "none" else args.compression,
+            compression_level=args.compression_level, progress=partial(progress_bar, description="convert", quiet=args.quiet),
         )
     except ShardExistsError as error:  # convert always starts again (it has no resume): say so in the command's words
         raise CommandError(f"{error.path}: {_EXISTING_DATASET}") from None

@@ -119,7 +119,8 @@ def _chunks(indices: np.ndarray | range) -> Iterator[np.ndarray]:
 
 
 def _payload_sizes(store: Store, indices: np.ndarray) -> list[int]:
-    """The payload size in bytes of each record at `indices` (already checked), read from the offsets."""
+    """The payload size in bytes of each record at `indices` (already checked), read from the index: the offsets,
+    or a compressed shard's decoded sizes."""
     if not isinstance(store, ShardedReader):  # one shard, local or remote
         shards, local, readers = np.zeros(len(indices), np.int64), indices, {0: store}
     else:
@@ -129,8 +130,7 @@ def _payload_sizes(store: Store, indices: np.ndarray) -> list[int]:
     sizes = np.zeros(len(indices), np.int64)
     for shard, reader in readers.items():
         mask = shards == shard
-        offsets = reader.offsets
-        sizes[mask] = offsets[local[mask] + 1] - offsets[local[mask]]
+        sizes[mask] = reader._index.payload_sizes(local[mask])
     return sizes.tolist()
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 from typing import Any
 
 from ..errors import FAILURE_EXIT_CODE, listing
@@ -88,6 +89,32 @@ def _format_text(facts: Description) -> str:
     return f"varstore {version[0]}.{version[1]}{_intact_shards_note(facts)}"
 
 
+def _compression_text(facts: Description) -> str:
+    """How the records are stored: ``uncompressed``, or ``zstd-dict (dictionary 108.4 KiB); data 0.274 of the
+    2.1 MiB the records decode to``; for a dataset whose shards differ, how many shards have each compression."""
+    if facts.kind == "dataset" and not facts.shards:
+        return _NO_SHARDS
+    if facts.kind == "dataset" and len(facts.damaged_shards) == len(facts.shards):
+        return _ALL_DAMAGED
+    if facts.compression is None:
+        counts = Counter(shard.compression for shard in facts.shards if shard.damage is None)
+        text = "mixed: " + ", ".join(f"{name} in {plural(count, 'shard')}" for name, count in sorted(counts.items()))
+    elif facts.compression == "none":
+        return "uncompressed" + _intact_shards_note(facts)
+    else:
+        text = facts.compression + _intact_shards_note(facts)
+    if facts.dictionary_size:
+        dictionaries = "dictionary" if facts.kind == "shard" else "dictionaries"
+        text += f" ({dictionaries} {format_size(facts.dictionary_size)})"
+    if facts.raw_size is not None and facts.compression != "none":
+        text += f"; data {_ratio_text(facts.ratio)} of the {format_size(facts.raw_size)} the records decode to"
+    return text
+
+
+def _ratio_text(ratio: float | None) -> str:
+    return "?" if ratio is None else f"{ratio:.3f}"
+
+
 def _damage_summary(facts: Description) -> str:
     """``1 of 4 shards (shard-000001)``: the damaged shards, counted and named."""
     damaged = facts.damaged_shards
@@ -119,17 +146,24 @@ def _print_text(facts: Description) -> None:
         ("payload", payload_text),
         ("on disk", on_disk),
         ("checksums", _checksums_text(facts)),
+        ("stored", _compression_text(facts)),
         ("metadata", json.dumps(facts.metadata, ensure_ascii=False, sort_keys=True)),
         *([("damaged", _damage_summary(facts) + _DAMAGE_ADVICE)] if facts.damaged_shards else []),
     ])
     if facts.kind == "dataset" and facts.shards:
         print("shards")
+        compressed = any(shard.compression not in ("none", None) for shard in facts.shards)
         rows = [
             [shard.name, format_count(shard.record_count), format_size(shard.data_size),
-             format_size(shard.index_size), _record_checksums_cell(shard.record_checksums, shard.damage)]
+             format_size(shard.index_size), _record_checksums_cell(shard.record_checksums, shard.damage),
+             *([shard.compression or "DAMAGED", format_size(shard.dictionary_size) if shard.dictionary_size else "-",
+                _ratio_text(shard.ratio)] if compressed else [])]
             for shard in facts.shards
         ]
-        print_table(["name", "records", "payload", "index", "record CRCs"], rows, align="lrrrr", indent="  ")
+        columns = ["name", "records", "payload", "index", "record CRCs"]
+        if compressed:  # the payload column is then the stored frames; the ratio compares them with the records
+            columns += ["compression", "dictionary", "stored/raw"]
+        print_table(columns, rows, align="lrrrrlrr"[: len(columns)], indent="  ")
     if facts.damaged_shards:
         print("damaged shards (records, payload and index as the manifest lists them)")
         for shard in facts.damaged_shards:

@@ -24,7 +24,8 @@ _BAR_WIDTH = 50
 _DESCRIPTION = """Record count and payload sizes: total, min, mean, percentiles, max, and a histogram of record
 sizes (bins between powers of two unless --bins asks for equal widths); for ndarray stores each figure also in rows
 (tokens for integer records of shape (L,)). Reads every record offset, never a payload (at a URL: each shard's
-index, fetched whole into the node cache)."""
+index, fetched whole into the node cache). Sizes are those the records decode to; when a shard is compressed, each
+shard's stored bytes and its ratio of stored to raw bytes are listed too."""
 
 
 def add_parser(commands: Any) -> None:
@@ -69,6 +70,12 @@ def _print_text(facts: dict[str, Any]) -> None:
         bar = "#" * (-(-row["count"] * _BAR_WIDTH // most))
         rows.append([_bin_label(row["low"], row["high"]), format_count(row["count"]), bar])
     print_table(["size", "records", ""], rows, align="lrl", indent="  ")
+    if any(shard["compression"] != "none" for shard in facts["shards"]):
+        print("shards (stored: the data file's bytes; raw: what its records decode to)")
+        print_table(["name", "compression", "stored", "raw", "stored/raw"],
+                    [[shard["name"], shard["compression"], format_size(shard["stored_bytes"]), format_size(shard["raw_bytes"]),
+                      f"{shard['ratio']:.3f}"] for shard in facts["shards"]],
+                    align="llrrr", indent="  ")
 
 
 def _plot(facts: dict[str, Any], title: str, path: str) -> None:

@@ -26,6 +26,7 @@ from typing import Any, Sequence
 from ..dataset.parts import PartWriter, abandon_run, commit_parts, new_run_id, refuse_existing_dataset
 from ..dataset.writer import ShardedWriter
 from ..errors import CommandError, UsageError, VarstoreError, listing
+from ..format.compression import check_compression
 from ..local.destination import check_destination, make_directories, removed_if_created_and_failed
 from ..local.file_url import resolve_file_url
 from ..progress import Counter, ProgressBar, reporting
@@ -44,6 +45,8 @@ def convert(
     max_shard_bytes: int = 256 << 20,
     max_shard_records: int | None = None,
     storage_options: dict[str, Any] | None = None,
+    compression: str | None = None,
+    compression_level: int = 3,
     **source_options: Any,
 ) -> int:
     """Convert the file or folder `source` into a dataset at `destination` (a directory or URL), as
@@ -52,14 +55,16 @@ def convert(
     `format` is told by the name when None (see ``varstore convert --help``); `source_options` are that
     command's source options by their Python names (``field="text"``, ``dtype="uint16", separator=50256``,
     ``labels=True``, ``codec="bytes"``, ``skip_null=True``, ``offsets="offsets.npy"``, ``max_record_bytes``).
-    Every error is a `VarstoreError`.
+    `compression` and `compression_level` are `ShardedWriter`'s, applied to every shard. Every error is a
+    `VarstoreError`.
     """
     try:
         return run_conversion(
             resolve_file_url(source), resolve_file_url(destination), format=format, source_options=source_options,
             workers=workers,
             metadata=metadata, overwrite=overwrite, max_shard_bytes=max_shard_bytes, max_shard_records=max_shard_records,
-            storage_options=storage_options, allow_other_files=True,
+            storage_options=storage_options, allow_other_files=True, compression=compression,
+            compression_level=compression_level,
         ).records
     except CommandError as error:
         raise VarstoreError(str(error)) from None
@@ -86,14 +91,18 @@ def run_conversion(
     max_shard_records: int | None,
     storage_options: dict[str, Any] | None,
     allow_other_files: bool,
+    compression: str | None = None,
+    compression_level: int = 3,
     progress: ProgressBar | None = None,
 ) -> Conversion:
     """`convert` in the command line's terms: refusals are `CommandError` (`UsageError` for arguments), and a dataset
     already at `destination` is a `ShardExistsError` without `overwrite`. A local `destination` holding files that
     are not a dataset's is refused unless `allow_other_files`, and it is removed again if this created it and fails."""
+    check_compression(compression, compression_level)
     opened, kind = _opened_source(source, format, source_options, destination)
     writer_options = {"max_shard_bytes": max_shard_bytes, "max_shard_records": max_shard_records,
-                      "storage_options": storage_options}
+                      "storage_options": storage_options, "compression": compression,
+                      "compression_level": compression_level}
     local = not is_url(destination)
     with removed_if_created_and_failed(destination) if local else nullcontext():
         if workers == 1 and type(workers) is int:  # True and 1.0 are refused with the other non-integers

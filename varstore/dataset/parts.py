@@ -122,12 +122,15 @@ class PartWriter(ShardedWriter):
         max_shard_bytes: int = 256 << 20,
         max_shard_records: int | None = None,
         storage_options: dict[str, Any] | None = None,
+        compression: str | None = None,
+        compression_level: int = 3,
     ) -> None:
         self._prefix = part_prefix(run_id, part, attempt)
         self._returned = False  # close() handed the entries back: the shards are the driver's now
         super().__init__(
             destination, codec, dtype=dtype, shape=shape, checksums=checksums, max_shard_bytes=max_shard_bytes,
-            max_shard_records=max_shard_records, storage_options=storage_options,
+            max_shard_records=max_shard_records, storage_options=storage_options, compression=compression,
+            compression_level=compression_level,
         )
 
     def _make_target(self, directory: Any, storage_options: dict[str, Any] | None) -> PartTarget:

@@ -34,6 +34,7 @@ from ..dataset.opening import open as open_dataset
 from ..dataset.parts import PartWriter, abandon_run, commit_parts, new_run_id, refuse_existing_dataset
 from ..errors import VarstoreError
 from ..format.codecs import make_codec
+from ..format.compression import check_compression
 from ..local.file_url import resolve_file_url
 from ..remote.filesystems import is_url
 from ..shard.reader_base import require_version
@@ -67,16 +68,20 @@ class VarstoreDatasink(Datasink[dict]):
         max_shard_records: int | None = None,
         overwrite: bool = False,
         storage_options: dict[str, Any] | None = None,
+        compression: str | None = None,
+        compression_level: int = 3,
     ) -> None:
         if (column is None) == (record is None):
             raise VarstoreError("give exactly one of column= (the records' column) and record= (a function of a row)")
-        make_codec(codec, dtype=dtype, shape=shape)  # a bad codec is refused here, not in every write task
+        make_codec(codec, dtype=dtype, shape=shape)  # a bad codec or compression is refused here, not in every write task
+        check_compression(compression, compression_level)
         self.path = _absolute(path)
         self._codec_options = {"codec": codec, "dtype": dtype, "shape": shape}
         self._column = column
         self._record = record
         self._metadata = metadata
-        self._shard_options = {"checksums": checksums, "max_shard_bytes": max_shard_bytes, "max_shard_records": max_shard_records}
+        self._shard_options = {"checksums": checksums, "max_shard_bytes": max_shard_bytes, "max_shard_records": max_shard_records,
+                               "compression": compression, "compression_level": compression_level}
         self._overwrite = overwrite
         self._storage_options = storage_options
         self._run_id: str | None = None

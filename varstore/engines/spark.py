@@ -38,6 +38,7 @@ except ImportError as error:  # pragma: no cover - depends on the install
 from ..dataset.parts import PartWriter, abandon_run, commit_parts, new_run_id, refuse_existing_dataset
 from ..errors import FormatError, ShardExistsError, VarstoreError
 from ..format.codecs import make_codec
+from ..format.compression import check_compression
 from ..local.file_url import resolve_file_url
 from ..remote.filesystems import is_url
 
@@ -73,12 +74,15 @@ def write_dataframe(
     storage_options: dict[str, Any] | None = None,
     overwrite: bool = False,
     metadata: dict[str, Any] | None = None,
+    compression: str | None = None,
+    compression_level: int = 3,
 ) -> list[str]:
     """Write the rows of `df`, in partition order, as the dataset at `path_or_url`; returns its shard names.
 
     Each row gives one record: the value of `column`, or `record(row)` with the row as a dict of its
-    columns. `codec`, `dtype`, `shape`, `checksums`, `max_shard_bytes` and `max_shard_records` are
-    `ShardedWriter`'s (shard limits apply per partition). An existing dataset is refused before any task
+    columns. `codec`, `dtype`, `shape`, `checksums`, `max_shard_bytes`, `max_shard_records`, `compression` and
+    `compression_level` are `ShardedWriter`'s (shard limits apply per partition; each shard chooses or trains its
+    compression on its own first records). An existing dataset is refused before any task
     runs unless `overwrite`. If the job fails, no manifest is written and the run's shards are removed.
     """
     if (column is None) == (record is None):
@@ -87,7 +91,8 @@ def write_dataframe(
     destination = destination if is_url(destination) else os.path.abspath(destination)
     if column is not None and column not in df.columns:
         raise VarstoreError(f"the DataFrame has no column {column!r} (it has {df.columns})", path=destination)
-    make_codec(codec, dtype=dtype, shape=shape)  # bad codec options fail here, not in every task
+    make_codec(codec, dtype=dtype, shape=shape)  # bad codec or compression options fail here, not in every task
+    check_compression(compression, compression_level)
     if not overwrite:
         refuse_existing_dataset(destination, storage_options)
     _check_workers(df)
@@ -98,7 +103,7 @@ def write_dataframe(
         writer_options={
             "run_id": run_id, "codec": codec, "dtype": dtype, "shape": shape,
             "checksums": checksums, "max_shard_bytes": max_shard_bytes, "max_shard_records": max_shard_records,
-            "storage_options": storage_options,
+            "storage_options": storage_options, "compression": compression, "compression_level": compression_level,
         },
         column=column,
         record=record,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import struct
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -36,7 +37,13 @@ _BLOCK_MAXIMUM = 128 << 10
 # SAMPLE_BYTES and SAMPLE_RECORDS, trained with fixed cover parameters so training takes about a second at most.
 SAMPLE_BYTES = 4 << 20
 SAMPLE_RECORDS = 16384
-DICTIONARY_SIZE = 112640  # zstd's default; smaller when the sample is small (a tenth of it)
+DICTIONARY_SIZE = 112640  # zstd's default, the most a writer trains
+# ... and at most this fraction of the sample: a dictionary is stored once per shard, so it must earn its size back
+# on the shard's records; tools/bench/compression.py measured 1/50 smallest in total on ~300 B and ~1 KB JSON rows
+# (frames plus dictionary 0.4461 and 0.3116 of raw, against 0.4523 and 0.3364 with a 110 KiB one).
+DICTIONARY_SAMPLE_FRACTION = 50
+MIN_DICTIONARY_SIZE = 1024  # ... but never under 1 KiB, which a sample under 10 KiB is too small for
+MIN_TRAINING_BYTES = 10 * MIN_DICTIONARY_SIZE
 MIN_TRAINING_RECORDS = 16
 DICTIONARY_LEVEL_BONUS = 6  # the dictionary path compresses small records: a higher level costs them little
 # auto: compression pays when the sample shrinks below this fraction of its raw size
@@ -65,6 +72,15 @@ def check_choice(compression: Any) -> str | None:
     if compression is not None and compression not in CHOICES:
         raise VarstoreError(f"compression must be None, 'zstd', 'zstd-dict' or 'auto', not {compression!r}")
     return compression
+
+
+def check_compression(compression: Any, level: Any) -> None:
+    """Refuse a writer's `compression` and `level` where a job starts (convert, an engine's driver) rather than in
+    every shard it writes: a choice or level out of range, or the zstandard binding missing when one is asked for."""
+    check_choice(compression)
+    check_level(level)
+    if compression is not None:
+        zstandard()
 
 
 # -- what is on disk -----------------------------------------------------------------------------------------
@@ -161,16 +177,26 @@ def check_frame(data: Any, start: int, end: int, declared: int, expected_diction
 
 
 class Decompressor:
-    """Decodes one compressed shard's frames; per thread a zstd context, the dictionary loaded once per process."""
+    """Decodes one compressed shard's frames. One instance per dictionary is shared by every reader of the process
+    (`shared_decompressor`): the dictionary is parsed once, each thread has a zstd context of its own (contexts are
+    not thread-safe), and both are freed with the last reader that holds them."""
 
     def __init__(self, compression: int, dictionary: bytes | None) -> None:
         self.compression = compression
         self.dictionary = dictionary
         self.dictionary_id = _dictionary_number(dictionary) if dictionary else 0
         self._module = zstandard()
+        self._parsed = (
+            self._module.ZstdCompressionDict(dictionary, dict_type=self._module.DICT_TYPE_FULLDICT) if dictionary else None
+        )
+        self._local = threading.local()
 
     def _context(self) -> Any:
-        return _contexts(self._module, self.dictionary)
+        context = getattr(self._local, "context", None)
+        if context is None:
+            options: dict[str, Any] = {"dict_data": self._parsed} if self._parsed is not None else {}
+            context = self._local.context = self._module.ZstdDecompressor(max_window_size=MAX_WINDOW_SIZE, **options)
+        return context
 
     def decompress(self, data: Any, start: int, end: int, size: int) -> bytes:
         """The frame data[start:end], checked (`check_frame`) before `size` bytes are allocated for it."""
@@ -209,35 +235,25 @@ class Decompressor:
         return results
 
 
-_LOCAL = threading.local()
-_DICTIONARIES: dict[bytes, Any] = {}
-_DICTIONARIES_LOCK = threading.Lock()
+_SHARED: weakref.WeakValueDictionary[tuple[int, bytes], Decompressor] = weakref.WeakValueDictionary()
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_decompressor(compression: int, dictionary: bytes | None) -> Decompressor:
+    """The process's `Decompressor` for shards of `compression` with `dictionary` (its bytes, whose CRC32C the
+    caller checked): every reader of a shard, and of shards sharing a dictionary, gets the same one while any
+    holds it, so that a dataset of many shards keeps only the dictionaries of its open shards."""
+    key = (compression, dictionary or b"")
+    with _SHARED_LOCK:
+        found = _SHARED.get(key)
+        if found is None:
+            found = _SHARED[key] = Decompressor(compression, dictionary)
+    return found
 
 
 def _dictionary_number(raw: bytes) -> int:
     (number,) = struct.unpack_from("<I", raw, 4)
     return number
-
-
-def _contexts(module: Any, dictionary: bytes | None) -> Any:
-    """This thread's decompression context for `dictionary` (zstd contexts are not shared between threads); the
-    parsed dictionary itself is shared by every thread and reader of the process."""
-    contexts = getattr(_LOCAL, "contexts", None)
-    if contexts is None:
-        contexts = _LOCAL.contexts = {}
-    key = dictionary or b""
-    context = contexts.get(key)
-    if context is None:
-        if dictionary:
-            with _DICTIONARIES_LOCK:
-                parsed = _DICTIONARIES.get(dictionary)
-                if parsed is None:
-                    parsed = _DICTIONARIES[dictionary] = module.ZstdCompressionDict(dictionary, dict_type=module.DICT_TYPE_FULLDICT)
-            context = module.ZstdDecompressor(dict_data=parsed, max_window_size=MAX_WINDOW_SIZE)
-        else:
-            context = module.ZstdDecompressor(max_window_size=MAX_WINDOW_SIZE)
-        contexts[key] = context
-    return context
 
 
 # -- compression ---------------------------------------------------------------------------------------------
@@ -261,13 +277,13 @@ class Compressor:
 
 
 def train(samples: Sequence[bytes], level: int) -> bytes | None:
-    """A dictionary trained on `samples` (already bounded by the caller), or None when they are too few or too
-    small to train one (zstd refuses, or the dictionary would be most of the sample)."""
+    """A dictionary trained on `samples` (already bounded by the caller) of a fiftieth of their bytes (1 to 110
+    KiB), or None when they are too few or too small to train one (under 10 KiB, or zstd refuses)."""
     module = zstandard()
     total = sum(map(len, samples))
-    size = min(DICTIONARY_SIZE, total // 10)
-    if len(samples) < MIN_TRAINING_RECORDS or size < 1024:
+    if len(samples) < MIN_TRAINING_RECORDS or total < MIN_TRAINING_BYTES:
         return None
+    size = min(DICTIONARY_SIZE, max(MIN_DICTIONARY_SIZE, total // DICTIONARY_SAMPLE_FRACTION))
     try:
         trained = module.train_dictionary(size, list(samples), k=200, d=8, steps=0, level=level)
     except module.ZstdError:

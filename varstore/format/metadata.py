@@ -87,7 +87,11 @@ def encode_metadata(codec_params: dict[str, Any], user: dict[str, Any], compress
 
 def decode_metadata(raw: bytes, *, path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """Parse a metadata block into (codec parameters, user metadata), refusing anything RFC 8259 or §1.4 forbids."""
-    value = parse_strict_json(raw, MAX_METADATA_DEPTH, what="metadata", path=path)
+    return metadata_members(parse_strict_json(raw, MAX_METADATA_DEPTH, what="metadata", path=path), path=path)
+
+
+def metadata_members(value: Any, *, path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The (codec parameters, user metadata) of a metadata block already parsed as `value`."""
     if not isinstance(value, dict):
         raise FormatError(f"metadata must be a JSON object, found {type(value).__name__}", path=path)
     codec_params, user = value.get("codec"), value.get("user")

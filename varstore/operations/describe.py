@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable
@@ -16,14 +17,16 @@ import numpy as np
 
 from ..dataset.opening import open_setting_aside_damaged
 from ..dataset.reader import ShardedReader
-from ..errors import FormatError
+from ..errors import FormatError, VarstoreError
+from ..format import compression as zstd_format
 from ..format import header as fmt
 from ..format.codecs import make_codec
 from ..format.manifest import MANIFEST_NAME, MANIFEST_VERSION, ShardEntry
-from ..remote.filesystems import read_heads, with_retries
+from ..local.mapping import pread_exactly
+from ..remote.filesystems import read_heads, read_range, with_retries
 from .locations import Store, filesystem, remote_options
 
-__all__ = ["Description", "ShardDescription", "describe", "describe_codec", "length_unit"]
+__all__ = ["Description", "ShardDescription", "compression_ratio", "describe", "describe_codec", "length_unit"]
 
 # What a shard that cannot be described from its header raises: its files are damaged or missing.
 _DAMAGE_ERRORS = (FormatError, FileNotFoundError)
@@ -41,11 +44,32 @@ class ShardDescription:
     data_size: int
     index_size: int
     damage: str | None = None
+    compression: str | None = None  # "none", "zstd" or "zstd-dict"; None when damaged
+    dictionary_size: int = 0
+    raw_size: int | None = None  # the bytes its records decode to (its data_size when uncompressed); None when damaged
+
+    @property
+    def ratio(self) -> float | None:
+        """Stored ÷ raw: the data file's bytes over those its records decode to (1.0 uncompressed or empty)."""
+        return compression_ratio(self.data_size, self.raw_size)
 
     def as_json(self) -> dict[str, Any]:
         return {"name": self.name, "format_version": None if self.format_version is None else list(self.format_version),
                 "record_checksums": self.record_checksums, "record_count": self.record_count,
-                "data_size": self.data_size, "index_size": self.index_size, "damage": self.damage}
+                "data_size": self.data_size, "index_size": self.index_size, "damage": self.damage,
+                **_compression_json(self)}
+
+
+def compression_ratio(stored: int, raw: int | None) -> float | None:
+    """`stored` ÷ `raw` bytes, 1.0 when both are 0, None when `raw` is unknown."""
+    if raw is None:
+        return None
+    return stored / raw if raw else 1.0
+
+
+def _compression_json(facts: Any) -> dict[str, Any]:
+    return {"compression": facts.compression, "dictionary_size": facts.dictionary_size, "raw_size": facts.raw_size,
+            "ratio": facts.ratio}
 
 
 @dataclass(frozen=True)
@@ -75,6 +99,9 @@ class Description:
     rows: int | None
     elements: int | None
     metadata: dict[str, Any]
+    compression: str | None  # "none", "zstd" or "zstd-dict"; None for a dataset whose intact shards differ (or none)
+    dictionary_size: int  # every dictionary's bytes (in the index files)
+    raw_size: int | None  # the bytes the records decode to; None when a shard is damaged
     data_crc32c: int | None = None  # a shard's
     manifest_version: int | None = None  # a dataset's
     shards: list[ShardDescription] = field(default_factory=list)  # a dataset's
@@ -82,6 +109,11 @@ class Description:
     @property
     def manifest_size(self) -> int:
         return self.file_size - self.data_size - self.index_size
+
+    @property
+    def ratio(self) -> float | None:
+        """Stored ÷ raw: the data files' bytes over those the records decode to (None when a shard is damaged)."""
+        return compression_ratio(self.data_size, self.raw_size)
 
     @property
     def damaged_shards(self) -> list[ShardDescription]:
@@ -101,6 +133,7 @@ class Description:
                           "record_checksums": self.record_checksums, "record_count": self.record_count,
                           "data_size": self.data_size, "index_size": self.index_size})
         facts["file_size"] = self.file_size
+        facts.update(_compression_json(self))
         if self.kind == "dataset":
             facts["shards"] = [shard.as_json() for shard in self.shards]
             facts["damaged_shards"] = [shard.name for shard in self.damaged_shards]
@@ -178,16 +211,61 @@ def _head_or_damage(fs: Any, sized_path: tuple[str, int], url: str) -> bytes | s
         return str(error)
 
 
-def _shard_description(name: str, header: fmt.Header) -> ShardDescription:
-    return ShardDescription(name, (fmt.MAJOR_VERSION, header.minor_version), header.has_record_checksums,
-                            header.record_count, header.data_size, header.index_size)
+def _shard_description(name: str, header: fmt.Header, raw_size: int) -> ShardDescription:
+    return ShardDescription(name, header.version, header.has_record_checksums, header.record_count, header.data_size,
+                            header.index_size, compression=zstd_format.NAMES[header.compression],
+                            dictionary_size=header.dictionary_size, raw_size=raw_size)
 
 
-def _listed_description(entry: ShardEntry, header: fmt.Header | str) -> ShardDescription:
-    """A listed shard by its header, or by its manifest entry when `header` is the damage that made it unreadable."""
-    if isinstance(header, str):
-        return ShardDescription(entry.name, None, None, entry.records, entry.data_size, entry.index_size, damage=header)
-    return _shard_description(entry.name, header)
+def _listed_description(entry: ShardEntry, header: fmt.Header | str, raw_size: int | str) -> ShardDescription:
+    """A listed shard by its header, or by its manifest entry when `header` (or its decoded sizes, `raw_size`) is
+    the damage that made it unreadable."""
+    damage = header if isinstance(header, str) else raw_size if isinstance(raw_size, str) else None
+    if damage is not None:
+        return ShardDescription(entry.name, None, None, entry.records, entry.data_size, entry.index_size, damage=damage)
+    return _shard_description(entry.name, header, raw_size)  # type: ignore[arg-type]
+
+
+def _raw_sizes(store: ShardedReader, headers: list[fmt.Header | str], storage_options: dict[str, Any] | None) -> list[int | str]:
+    """What each listed shard's records decode to: an uncompressed shard's data size, a compressed shard's sum of
+    the decoded sizes its index ends with (§1.6), read from the file or at a URL by one ranged request per shard,
+    all at once; or the damage that makes them unreadable."""
+    index_paths = [fmt.shard_paths(prefix)[1] for prefix in store.shard_paths]
+    if store.is_remote:
+        fs, root = filesystem(store.path, storage_options)
+        entries = store.manifest.shards
+
+        def read(position: int, start: int, end: int) -> bytes:
+            return read_range(fs, f"{root}/{entries[position].name}{fmt.INDEX_SUFFIX}", start, end,
+                              url=index_paths[position], size=entries[position].index_size)
+    else:
+        def read(position: int, start: int, end: int) -> bytes:
+            with open(index_paths[position], "rb") as file:
+                return pread_exactly(file.fileno(), end - start, start, index_paths[position])
+
+    def raw_size(position: int) -> int | str:
+        header = headers[position]
+        if isinstance(header, str):
+            return header
+        if not header.compression:
+            return header.data_size
+        try:
+            return _sum_of_sizes(read(position, header.sizes_start, header.index_size))
+        except (*_DAMAGE_ERRORS, VarstoreError) as error:
+            return str(error)
+
+    compressed = sum(1 for header in headers if not isinstance(header, str) and header.compression)
+    if not compressed:
+        return [raw_size(position) for position in range(len(headers))]
+    with ThreadPoolExecutor(max_workers=min(_CONCURRENT_READS, compressed)) as pool:
+        return list(pool.map(raw_size, range(len(headers))))
+
+
+_CONCURRENT_READS = 16
+
+
+def _sum_of_sizes(raw: bytes) -> int:
+    return int(np.frombuffer(raw, "<u4").sum(dtype=np.int64))
 
 
 def _uniform(values: list[Any]) -> Any:
@@ -214,26 +292,31 @@ def _describe(store: Store, storage_options: dict[str, Any] | None) -> Descripti
     }
     if not isinstance(store, ShardedReader):
         header = store.header
-        shard = _shard_description(store.path, header)
+        shard = _shard_description(store.path, header, store._index.raw_size())
         return Description(
             path=store.path, kind="shard", files=(os.path.basename(store.index_path), os.path.basename(store.data_path)),
             format_version=shard.format_version, record_checksums=shard.record_checksums,
             record_count=shard.record_count, data_size=shard.data_size, index_size=shard.index_size,
             file_size=header.data_size + header.index_size, data_crc32c=header.data_crc32c,
-            **common, **_lengths(store, shard.data_size),
+            compression=shard.compression, dictionary_size=shard.dictionary_size, raw_size=shard.raw_size,
+            **common, **_lengths(store, shard.raw_size),
         )
     headers, manifest_size = _listed_headers(store, storage_options)
-    shards = [_listed_description(entry, header) for entry, header in zip(store.manifest.shards, headers)]
+    raw_sizes = _raw_sizes(store, headers, storage_options)
+    shards = [_listed_description(*listed) for listed in zip(store.manifest.shards, headers, raw_sizes)]
     intact = [shard for shard in shards if shard.damage is None]
     data_size = sum(shard.data_size for shard in shards)
     index_size = sum(shard.index_size for shard in shards)
+    raw_size = None if len(intact) < len(shards) else sum(shard.raw_size or 0 for shard in shards)
     return Description(
         path=store.path, kind="dataset", files=(MANIFEST_NAME,), manifest_version=MANIFEST_VERSION,
         format_version=_uniform([shard.format_version for shard in intact]),
         record_checksums=_uniform([shard.record_checksums for shard in intact]),
         record_count=len(store), data_size=data_size, index_size=index_size,
         file_size=data_size + index_size + manifest_size, shards=shards,
-        **common, **_lengths(store, data_size),
+        compression=_uniform([shard.compression for shard in intact]),
+        dictionary_size=sum(shard.dictionary_size for shard in intact), raw_size=raw_size,
+        **common, **_lengths(store, data_size if raw_size is None else raw_size),
     )
 
 

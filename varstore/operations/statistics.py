@@ -1,5 +1,6 @@
 """`statistics`: the distribution of record sizes of a shard or dataset, read from every record offset and never
-from a payload (at a URL: each shard's index, fetched whole into the node cache)."""
+from a payload (at a URL: each shard's index, fetched whole into the node cache). A compressed shard's sizes are
+those its records decode to, from its index (§1.6), and each shard's stored ÷ raw ratio is given beside them."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ from typing import Any
 
 import numpy as np
 
+from ..dataset.reader import ShardedReader
 from ..errors import UsageError
-from .describe import length_unit
+from ..format import compression as zstd_format
+from ..format.header import Header
+from .describe import compression_ratio, length_unit
 from .locations import open_store, remote_options
 
 __all__ = ["PERCENTILES", "RecordStatistics", "statistics"]
@@ -25,7 +29,9 @@ _POWERS_OF_TWO = 64
 class RecordStatistics:
     """Record sizes in bytes: `min`, `mean`, `max` and `percentiles` (``{"p50": ...}``) are None and empty for a
     store of no records. `histogram` holds bins ``{"low", "high", "count"}``, each counting the sizes in
-    [low, high). `lengths` gives the same figures in rows (tokens of a token store) for ndarray stores, else None."""
+    [low, high). `lengths` gives the same figures in rows (tokens of a token store) for ndarray stores, else None.
+    `shards` lists each shard's ``{"name", "compression", "stored_bytes", "raw_bytes", "ratio"}``: its data file's
+    bytes, those its records decode to (`total_bytes` counts these), and stored ÷ raw."""
 
     records: int
     total_bytes: int
@@ -35,11 +41,13 @@ class RecordStatistics:
     percentiles: dict[str, int]
     histogram: list[dict[str, int]]
     lengths: dict[str, Any] | None
+    shards: list[dict[str, Any]]
 
     def as_json(self) -> dict[str, Any]:
         """The figures as JSON-ready values, as ``varstore stats --json`` prints them."""
         return {"records": self.records, "total_bytes": self.total_bytes, "min": self.min, "mean": self.mean,
-                "max": self.max, "percentiles": self.percentiles, "histogram": self.histogram, "lengths": self.lengths}
+                "max": self.max, "percentiles": self.percentiles, "histogram": self.histogram, "lengths": self.lengths,
+                "shards": self.shards}
 
 
 def _histogram(sizes: np.ndarray, bins: int | None) -> tuple[np.ndarray, np.ndarray]:
@@ -104,6 +112,18 @@ def statistics(path: str | os.PathLike[str], *, bins: int | None = None, storage
     if bins is not None and (type(bins) is not int or bins < 1):
         raise UsageError(f"bins must be a positive integer, not {bins!r}")
     with open_store(os.fspath(path), **remote_options(storage_options, cache_dir, cache_limit)) as store:
-        facts = _size_statistics(store.record_sizes(), bins)
+        if isinstance(store, ShardedReader):
+            named = [(entry.name, store.shard(position)) for position, entry in enumerate(store.manifest.shards)]
+        else:
+            named = [(store.path, store)]
+        shard_sizes = [shard.record_sizes() for _, shard in named]
+        facts = _size_statistics(np.concatenate(shard_sizes) if shard_sizes else np.zeros(0, np.int64), bins)
         facts["lengths"] = _length_statistics(facts, length_unit(store.codec, store.dtype, store.shape))
+        facts["shards"] = [_shard_ratio(name, shard.header, sizes) for (name, shard), sizes in zip(named, shard_sizes)]
     return RecordStatistics(**facts)
+
+
+def _shard_ratio(name: str, header: Header, sizes: np.ndarray) -> dict[str, Any]:
+    raw = int(sizes.sum())
+    return {"name": name, "compression": zstd_format.NAMES[header.compression], "stored_bytes": header.data_size,
+            "raw_bytes": raw, "ratio": compression_ratio(header.data_size, raw)}

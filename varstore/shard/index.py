@@ -25,7 +25,7 @@ from ..format import header as fmt
 from ..format.checksum import crc32c, crc32c_of_ranges
 from ..format.codecs import Codec, check_bool_bytes, codec_from_stored
 from ..format.header import Header
-from ..format.metadata import MAX_METADATA_DEPTH, decode_metadata, parse_strict_json
+from ..format.metadata import MAX_METADATA_DEPTH, decode_metadata, metadata_members, parse_strict_json
 from ..local.mapping import looks_cached, map_file, pread_exactly, prefetch_index
 
 _OFFSET = struct.Struct("<Q")
@@ -149,9 +149,10 @@ class ShardIndex:
         dictionary = preamble[dictionary_at : dictionary_at + header.dictionary_size]
         if any(preamble[header.metadata_size : dictionary_at]) or any(preamble[dictionary_at + header.dictionary_size :]):
             raise FormatError("padding after the metadata is not zero", path=index_path)
-        codec_params, _ = decode_metadata(preamble[: header.metadata_size], path=index_path)
-        decompressor = _decompressor(header, preamble[: header.metadata_size], dictionary, index_path) if header.compression else None
-        del preamble, dictionary  # the user metadata is parsed again, from the map, only if `metadata` is read
+        metadata = parse_strict_json(preamble[: header.metadata_size], MAX_METADATA_DEPTH, what="metadata", path=index_path)
+        codec_params, _ = metadata_members(metadata, path=index_path)
+        decompressor = _decompressor(header, metadata, dictionary, index_path) if header.compression else None
+        del preamble, dictionary, metadata  # the user metadata is parsed again, from the map, only if `metadata` is read
         codec = codec_from_stored(header.codec_id, codec_params, path=index_path)
         if data_size != header.data_size:
             raise FormatError(
@@ -247,6 +248,18 @@ class ShardIndex:
             position = int(bad.argmax())
             raise self.offsets_error(int(indices[position]), int(starts[position]), int(ends[position]))
         return starts, ends
+
+    def payload_sizes(self, indices: np.ndarray) -> np.ndarray:
+        """The payload sizes of records at `indices` (checked by the caller): from the offsets, or a compressed
+        shard's decoded sizes (what its records are, not their frames)."""
+        if self.sizes is not None:
+            return self.sizes[indices].astype(np.int64)
+        return (self.offsets[indices + 1] - self.offsets[indices]).astype(np.int64)
+
+    def raw_size(self) -> int:
+        """The bytes the records decode to: the data size, or a compressed shard's sum of decoded sizes (unchecked
+        against its offsets: a description, not a read)."""
+        return self.data_size if self.sizes is None else int(self.sizes.sum(dtype=np.int64))
 
     def record_sizes(self) -> np.ndarray:
         """Every record's payload size in bytes (computes over all N offsets, checking them as reads do); a
@@ -462,20 +475,20 @@ class ShardIndex:
         return records[(records >= chunk.first) & (records < chunk.first + len(chunk.offsets) - 1)].tolist()
 
 
-def _decompressor(header: Header, metadata: bytes, dictionary: bytes, path: str) -> zstd_format.Decompressor:
-    """§1.3 step 7 for a compressed shard: the metadata's "compression" member names the header's compression,
-    and the dictionary has its CRC32C and is a zstd dictionary; then what decodes its frames."""
-    member = parse_strict_json(metadata, MAX_METADATA_DEPTH, what="metadata", path=path).get("compression")
+def _decompressor(header: Header, metadata: dict[str, Any], dictionary: bytes, path: str) -> zstd_format.Decompressor:
+    """§1.3 step 7 for a compressed shard: the "compression" member of its `metadata` (parsed) names the header's
+    compression, and the dictionary has its CRC32C and is a zstd dictionary; then what decodes its frames."""
+    member = metadata.get("compression")
     name = zstd_format.NAMES[header.compression]
     if not isinstance(member, dict) or member.get("name") != name:
         raise FormatError(f'the metadata\'s "compression" member must name {name!r}, the header\'s compression; found {member!r}', path=path)
     if header.compression != zstd_format.ZSTD_DICT:
-        return zstd_format.Decompressor(header.compression, None)
+        return zstd_format.shared_decompressor(header.compression, None)
     actual = crc32c(dictionary)
     if actual != header.dictionary_crc32c:
         raise FormatError(f"dictionary checksum is {actual:#010x}, expected {header.dictionary_crc32c:#010x}", path=path)
     zstd_format.dictionary_id(dictionary, path=path)
-    return zstd_format.Decompressor(header.compression, bytes(dictionary))
+    return zstd_format.shared_decompressor(header.compression, bytes(dictionary))
 
 
 def _buffer_reader(buffer: Any) -> Callable[[int, int], memoryview]:

@@ -332,9 +332,8 @@ class Reader(ShardReaderBase):
             raise self._index.decode_error(index, error) from None
 
     def _read_frame(self, index: int, start: int, end: int) -> Any:
-        """Record `index` of a compressed shard, its frame at [start, end): decompressed, then decoded."""
-        if self.dtype is not None:
-            return self._decode_ranges(np.array([index]), np.array([start]), np.array([end]))[0]
+        """Record `index` of a compressed shard, its frame at [start, end): decompressed, then decoded (an
+        ``ndarray`` codec's decode refuses a payload of partial rows or, for ``|b1``, bytes other than 0 or 1)."""
         payload = self._index.decompress(index, self._data_map, start, end, int(self._index.sizes[index]))
         if self._payload_decode is None:
             return payload
