@@ -485,8 +485,14 @@ def test_s3_explicit_botocore_retries_are_kept_and_the_callers_options_not_chang
     config = {"retries": {"total_max_attempts": 3}, "connect_timeout": 7}
     options = {**s3_server.storage_options, "config_kwargs": config}
     fs, _ = open_filesystem("s3://bucket/key", options)
-    assert fs.config_kwargs == {"retries": {"total_max_attempts": 3}, "connect_timeout": 7}
+    assert fs.config_kwargs == {"retries": {"total_max_attempts": 3}, "connect_timeout": 7, "max_pool_connections": 32}
     assert options["config_kwargs"] is config and config == {"retries": {"total_max_attempts": 3}, "connect_timeout": 7}
+
+
+def test_s3_a_callers_connection_pool_is_kept(s3_server: S3Server) -> None:
+    pytest.importorskip("s3fs")
+    fs, _ = open_filesystem("s3://bucket/key", {**s3_server.storage_options, "config_kwargs": {"max_pool_connections": 3}})
+    assert fs.config_kwargs["max_pool_connections"] == 3
 
 
 def test_s3_filesystems_built_without_varstore_keep_their_own_retries(s3_server: S3Server) -> None:

@@ -592,29 +592,6 @@ def test_import_varstore_does_not_import_fsspec() -> None:
     assert result.stdout.strip() == "[]"
 
 
-def test_a_remote_batch_reads_every_shard_it_touches_at_once(tmp_path, monkeypatch):
-    """Each shard's part of a batch is one round trip; the shards' parts go out together, so k shards cost one
-    round trip's latency, not k. Proven without timing: each shard's read waits at a barrier that only all k
-    reads together can pass (read one after another, the first would wait alone and the barrier break)."""
-    shards = 3
-    local = write_local(tmp_path / "local", [f"record {index}" for index in range(30)], shard_records=10)
-    fs, _ = open_filesystem("memory://concurrent/ds")
-    fs.put(str(local), "/concurrent/ds", recursive=True)
-    remote = varstore.open("memory://concurrent/ds")
-    for position in range(shards):
-        remote.shard(position)  # opened beforehand: the barrier is about the reads
-    barrier = threading.Barrier(shards, timeout=DEADLINE_SECONDS)
-    real_get_batch = varstore.RemoteShard.get_batch
-
-    def get_batch_at_the_barrier(self: Any, indices: Any) -> Any:
-        barrier.wait()
-        return real_get_batch(self, indices)
-
-    monkeypatch.setattr(varstore.RemoteShard, "get_batch", get_batch_at_the_barrier)
-    batch = [25, 3, 14, 0, 29]
-    assert remote.get_batch(batch) == [f"record {index}" for index in batch]
-
-
 def _whole_data_gets(s3_server: Any, bucket: str) -> dict[str, int]:
     """GETs without a Range header of each data object: downloads of the whole object."""
     counts: dict[str, int] = {}

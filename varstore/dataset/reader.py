@@ -336,12 +336,23 @@ class ShardedReader(ReaderBase):
 
     def _per_shard(self, groups: list[tuple[int, np.ndarray, np.ndarray]], method: str) -> list[Any]:
         """`method` (``get_batch`` or ``get_batch_flat``) of each group's shard on its local indices, in order: one
-        shard after another for a local dataset; at once, a thread per shard, for a remote one, so that a batch
-        touching k shards costs one round trip, not k."""
+        shard after another for a local dataset. For a remote one, the shards not yet open are opened at once (a
+        thread each), then the byte ranges of all of them are planned and fetched together (`read_plan`), so that a
+        batch touching k shards costs one round trip and as few requests as its ranges allow, not k batches'."""
         if not self._source.is_remote or len(groups) < 2:
             return [getattr(self.shard(shard), method)(local) for shard, _, local in groups]
-        with ThreadPoolExecutor(max_workers=min(len(groups), _MAX_CONCURRENT_SHARDS)) as pool:
-            return list(pool.map(lambda group: getattr(self.shard(group[0]), method)(group[2]), groups))
+        closed = [shard for shard, _, _ in groups if shard not in self._readers]
+        if len(closed) > 1:
+            with ThreadPoolExecutor(max_workers=min(len(closed), _MAX_CONCURRENT_SHARDS)) as pool:
+                list(pool.map(self.shard, closed))
+        shards = [self.shard(shard) for shard, _, _ in groups]
+        wanted = [shard.wanted_ranges(local) for shard, (_, _, local) in zip(shards, groups)]
+        fetched = iter(self._source.read_batch([ranges for ranges in wanted if ranges is not None], self._raise_if_replaced))
+        flat = method == "get_batch_flat"
+        return [
+            shard.records_from(local, None if ranges is None else next(fetched), flat=flat)
+            for shard, (_, _, local), ranges in zip(shards, groups, wanted)
+        ]
 
     def get_batch_flat(self, indices: Sequence[int] | np.ndarray) -> FlatBatch:
         """Records at `indices` packed into one buffer plus offsets, as `Reader.get_batch_flat`."""

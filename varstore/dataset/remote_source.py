@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from ..errors import FormatError, MissingFileError, StorageError, VarstoreError
 from ..format import header as fmt
@@ -24,6 +24,7 @@ from ..format.checksum import crc32c
 from ..format.codecs import Codec
 from ..format.manifest import MANIFEST_NAME, MAX_MANIFEST_SIZE, Manifest, ShardEntry, decode_manifest
 from ..remote.location import RemoteLocation
+from ..remote.read_plan import ObjectRanges
 from ..shard.remote_shard import RemoteShard, ReplacedCheck, fetch_whole_after
 
 
@@ -125,6 +126,17 @@ class RemoteDatasetSource:
         except VarstoreError:
             pass  # deleted or damaged: the reader's own check says the dataset was replaced
         replaced_check()
+
+    def read_batch(self, objects: Sequence[ObjectRanges], replaced_check: ReplacedCheck) -> list[list[bytes]]:
+        """The ranges of every data object of `objects` (a batch's, over its shards), planned and fetched at once
+        (`Transport.read_batch`); a failure raises `DatasetReplacedError` instead if the dataset was replaced."""
+        if not objects:
+            return []
+        try:
+            return self.location.transport().read_batch(objects)
+        except (MissingFileError, StorageError, FormatError):  # a replacing dataset's objects fail ranges as well
+            self._check_replaced_if_reachable(replaced_check)
+            raise
 
     @staticmethod
     def fetch_shard(shard: Any) -> None:

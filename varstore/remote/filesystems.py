@@ -30,8 +30,11 @@ A missing bucket and refused credentials are `StorageError`s that say so (not "n
 
 Request cost, when nothing fails (each transient failure adds one request for what failed):
 - `open_filesystem`: none (clients connect on first use).
-- `read_range`: one GET; `read_ranges`: one GET per span of merged ranges, concurrent; none for empty ranges.
-  Both take the object's size from the caller (the manifest knows it) and refuse ranges outside it unsent.
+- `read_range`: one GET; `read_ranges`: one GET per request of `read_plan.plan_reads` (ranges within 64 KiB of
+  each other merged, at most 8 MiB each), concurrent; none for empty ranges; `read_planned`: the same over the
+  ranges of many objects at once (a batch's shards), at most the connection pool (32 unless the caller sets
+  botocore's `max_pool_connections`) in flight. All take the objects' sizes from the caller (the manifest knows
+  them) and refuse ranges outside them unsent.
 - `read_heads`: one GET per object, concurrent. `read_object`: one GET. `list_sizes`: one LIST per 1,000 objects.
 - `upload_file`: one PUT; s3fs uploads a large file (twice its block size, 50 MiB, or more) in parts, a
   request each plus two. A retry sends the whole file again.
@@ -41,37 +44,38 @@ Request cost, when nothing fails (each transient failure adds one request for wh
 
 Fork safety: a filesystem holds sockets and, for async backends (s3fs), an event loop thread, neither of
 which survives `fork`. Never keep a filesystem across a fork: in the child, call `open_filesystem` again
-(fsspec drops its instance cache in a forked child, so that builds a fresh client). An s3fs filesystem
+(fsspec drops its instance cache in a forked child, so that builds a fresh client, from the session the parent
+made and the child inherits: `_shared_session`). An s3fs filesystem
 used in the child anyway fails at once (fsspec refuses it: "not fork-safe"), a `StorageError` here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
 import errno
 import functools
 import http.client
 import math
-import operator
 import os
 import random
 import re
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 
 from ..errors import FormatError, MissingFileError, ShardExistsError, StorageError, VarstoreError
+from . import read_plan
+from .read_plan import ObjectRanges, ReadPlan
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
 
 T = TypeVar("T")
 
-# A hole between two wanted byte ranges up to this size is fetched rather than paid for with a second request.
-DEFAULT_MAX_GAP = 64 * 1024
+DEFAULT_MAX_GAP = read_plan.DEFAULT_MAX_GAP
 DEFAULT_ATTEMPTS = 5
 # Cap of one backoff delay: a retried read should fail in seconds, not minutes.
 _MAX_DELAY = 2.0
@@ -83,8 +87,9 @@ DEFAULT_REQUEST_DEADLINE = 300.0
 _DEADLINE_SECONDS_PER_MIB = 1.0
 # A streamed body is read at most this many bytes at a time (and never more than one byte past what is wanted).
 _READ_CHUNK = 1 << 20
-# Requests of one batch in flight at once on s3:// when the client's pool size is not set (botocore's default).
-_DEFAULT_POOL_CONNECTIONS = 10
+# Requests of one batch in flight at once on s3://, the connection pool varstore asks of botocore unless the
+# caller sets `config_kwargs["max_pool_connections"]` (botocore's own default is 10).
+_DEFAULT_POOL_CONNECTIONS = 32
 # Two or more letters before "://": a Windows drive ("C:/") is never taken for a scheme.
 _URL_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+)://")
 _S3_SCHEMES = frozenset({"s3", "s3a"})
@@ -117,6 +122,15 @@ class _TruncatedBody(ConnectionError):
 class _WrongObjectSize(Exception):
     """A ranged response of an object whose size is not the one the caller knows: not retried, and raised as a
     `FormatError` naming the URL (the object is not the one a manifest or index describes)."""
+
+
+class ObjectFailure(Exception):
+    """The failure `error` of a request of the object `url`, in a call that reads several objects: `with_retries`
+    judges `error` and names `url` in what it raises."""
+
+    def __init__(self, url: str, error: BaseException) -> None:
+        super().__init__(url, error)
+        self.url, self.error = url, error
 
 
 class _DeadlineExceeded(Exception):
@@ -162,12 +176,44 @@ def open_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> 
 
 
 def _backend_options(scheme: str, storage_options: dict[str, Any]) -> dict[str, Any]:
-    """`storage_options` with, for s3://, botocore's retries turned off unless the caller set them."""
+    """`storage_options` with, for s3://, botocore's retries turned off unless the caller set them, and this
+    process's shared aiobotocore session (`_shared_session`) unless the caller gave a session or options of one."""
     if scheme not in _S3_SCHEMES:
         return storage_options
     config = dict(storage_options.get("config_kwargs") or {})
     config.setdefault("retries", dict(_BOTOCORE_SINGLE_ATTEMPT))
-    return {**storage_options, "config_kwargs": config}
+    config.setdefault("max_pool_connections", _DEFAULT_POOL_CONNECTIONS)
+    options = {**storage_options, "config_kwargs": config}
+    if "session" not in options and not any(name in options for name in _SESSION_OPTIONS):
+        options["session"] = _shared_session()
+    return options
+
+
+def _shared_session() -> Any:
+    """One aiobotocore session for every S3 filesystem varstore opens, made on first use and inherited by forked
+    children. A client is made from a session, and the session keeps the service descriptions it parsed for the
+    first one: a second client costs 20-50 ms instead of 0.3-0.9 s (on the test machine), and a DataLoader worker
+    forked after its parent opened a dataset makes its own client at that price. (fsspec makes a new filesystem,
+    and so a new client, in every forked child: the parent's sockets and event loop do not survive a fork.)"""
+    global _session
+    with _session_lock:
+        if _session is None:
+            from aiobotocore.session import AioSession
+
+            _session = AioSession()
+        return _session
+
+
+def _forget_session_lock() -> None:
+    global _session_lock
+    _session_lock = threading.Lock()  # a thread of the parent may have held it at the fork
+
+
+# s3fs options that it gives to the aiobotocore session it makes: a caller who sets one gets s3fs's own session.
+_SESSION_OPTIONS = ("profile", "session_vars", "event_hooks", "include_builtin_handlers")
+_session: Any = None
+_session_lock = threading.Lock()
+os.register_at_fork(after_in_child=_forget_session_lock)
 
 
 def with_retries(
@@ -196,24 +242,32 @@ def with_retries(
             return action()
         except VarstoreError:
             raise
-        except _WrongObjectSize as error:
-            raise FormatError(f"{what}: {error}", path=url) from None
-        except Exception as error:
-            if _error_code(error)[0] == "InvalidRange":  # S3's 416: a range this code checked against the size given
-                raise FormatError(f"{what}: the object is shorter than the size expected", path=url) from error
-            refusal = _refusal(error, what, url)
-            if refusal is not None:
-                raise refusal from error
-            if isinstance(error, FileNotFoundError):
-                raise MissingFileError(f"{what}: no such object", path=url) from error
-            if not is_transient(error):
-                raise StorageError(f"{what} failed: {_describe(error)}", path=url) from error
-            if attempt == attempts:
-                raise StorageError(
-                    f"{what} failed {attempts} times, the last with: {_describe(error)}", path=url
-                ) from error
+        except Exception as caught:
+            error, failed_url = (caught.error, caught.url) if isinstance(caught, ObjectFailure) else (caught, url)
+            try:
+                _raise_unless_retried(error, what, failed_url, attempt == attempts, attempts)
+            finally:
+                del error  # else this frame, in the traceback of what is raised, would keep its cause: a cycle
             sleep(backoff_delay(attempt, first_delay))
             attempt += 1
+
+
+def _raise_unless_retried(error: Exception, what: str, url: str, last: bool, attempts: int) -> None:
+    """Raise the `VarstoreError` that `error`, a failure of `what` on the object `url`, calls for; return if it is
+    transient and not the `last` of `attempts`, to be tried again."""
+    if isinstance(error, _WrongObjectSize):
+        raise FormatError(f"{what}: {error}", path=url) from None
+    if _error_code(error)[0] == "InvalidRange":  # S3's 416: a range this code checked against the size given
+        raise FormatError(f"{what}: the object is shorter than the size expected", path=url) from error
+    refusal = _refusal(error, what, url)
+    if refusal is not None:
+        raise refusal from error
+    if isinstance(error, FileNotFoundError):
+        raise MissingFileError(f"{what}: no such object", path=url) from error
+    if not is_transient(error):
+        raise StorageError(f"{what} failed: {_describe(error)}", path=url) from error
+    if last:
+        raise StorageError(f"{what} failed {attempts} times, the last with: {_describe(error)}", path=url) from error
 
 
 def backoff_delay(attempt: int, first_delay: float = _FIRST_DELAY) -> float:
@@ -397,13 +451,15 @@ def _spelled(value: Any) -> str:
 
 @dataclass(frozen=True)
 class _Span:
-    """One request: bytes [start, end) of the object at `path`, covering one or more wanted ranges; `object_size`
-    is the size the caller knows the object has (a response that says otherwise is refused)."""
+    """One request: bytes [start, end) of the object at `path` (named `url` in errors), covering one or more
+    wanted ranges; `object_size` is the size the caller knows the object has (a response that says otherwise is
+    refused)."""
 
     path: str
     start: int
     end: int
     object_size: int
+    url: str
 
 
 def read_range(
@@ -432,21 +488,29 @@ def read_ranges(
     sleep: Callable[[float], None] = time.sleep,
 ) -> list[bytes]:
     """The bytes of each [start, end) in `ranges`, in order, from the object at `path` of `size` bytes (the
-    caller knows it from the manifest). Ranges that overlap or lie within `max_gap` bytes of each other share
-    one request; the requests run concurrently. Every response is checked for its exact length (a body longer
-    than its range is refused as a short one is); a retry fetches only the spans still missing.
+    caller knows it from the manifest): `read_planned` of `read_plan.plan_reads`'s requests (ranges that
+    overlap or lie within `max_gap` bytes of each other share one request).
 
     A range that is not integers with 0 <= start <= end <= size is a `VarstoreError`, raised before any
     request: a range past the end can only come back short, and retrying it would fetch it again and again.
     """
-    ranges = [(_offset(start, url), _offset(end, url)) for start, end in ranges]
-    for start, end in ranges:
-        if not 0 <= start <= end <= size:
-            raise VarstoreError(f"byte range [{start}, {end}) is not within the object's {size} bytes", path=url)
-    spans = _merge_ranges(path, [(start, end) for start, end in ranges if end > start], max_gap, size)
-    fetched = _fetch_spans(fs, spans, what=f"reading {len(spans)} byte range(s)", url=url, sleep=sleep)
-    span_starts = [span.start for span in spans]
-    return [_cut(fetched, spans, span_starts, start, end) for start, end in ranges]
+    plan = read_plan.plan_reads([ObjectRanges(url, size, ranges)], max_gap=max_gap)
+    return read_planned(fs, plan, {url: path}, sleep=sleep)[0]
+
+
+def read_planned(
+    fs: AbstractFileSystem, plan: ReadPlan, paths: Mapping[str, str], *, sleep: Callable[[float], None] = time.sleep
+) -> list[list[bytes]]:
+    """Each object's wanted ranges of `plan` (whose objects are named by URL; `paths` gives each one's path in
+    `fs`), in order: all its requests at once (at most the client's connection pool in flight), every response
+    checked for its exact length (a body longer than its range is refused as a short one is); a retry fetches only
+    the requests still missing. An error names the object whose request failed."""
+    spans = [_Span(paths[request.name], request.start, request.end, request.size, request.name) for request in plan.requests]
+    objects = len({request.name for request in plan.requests})
+    what = f"reading {len(spans)} byte range(s)" + (f" of {objects} objects" if objects > 1 else "")
+    first_url = plan.requests[0].name if plan.requests else ""
+    bodies = _fetch_spans(fs, spans, what=what, url=first_url, sleep=sleep)
+    return read_plan.cut_pieces(plan, bodies)
 
 
 def read_heads(
@@ -459,34 +523,37 @@ def read_heads(
 ) -> list[bytes]:
     """The first `length` bytes (all, if fewer) of each object in `sized_paths` (path, size), in order:
     one GET per object, all concurrent, each checked for its exact length and retried while missing."""
-    spans = [_Span(path, 0, min(length, size), size) for path, size in sized_paths]
-    wanted = [span for span in spans if span.end > 0]
-    fetched = _fetch_spans(fs, wanted, what=f"reading {len(spans)} headers", url=url, sleep=sleep)
-    return [fetched.get(span, b"") for span in spans]
+    spans = [_Span(path, 0, min(length, size), size, url) for path, size in sized_paths]
+    bodies = iter(_fetch_spans(fs, [span for span in spans if span.end > 0], what=f"reading {len(spans)} headers", url=url, sleep=sleep))
+    return [next(bodies) if span.end > 0 else b"" for span in spans]
 
 
 def _fetch_spans(
     fs: AbstractFileSystem, spans: Sequence[_Span], *, what: str, url: str, sleep: Callable[[float], None]
-) -> dict[_Span, bytes]:
-    """The bytes of each span, fetched concurrently; a retry fetches only those still missing."""
-    fetched: dict[_Span, bytes] = {}
+) -> list[bytes]:
+    """The bytes of each span, in order, fetched concurrently; a retry fetches only those still missing. A failure
+    names its span's URL when the spans are of more than one object, else `url`."""
+    fetched: dict[int, bytes] = {}
+    several = len({span.url for span in spans}) > 1
 
     def fetch_missing() -> None:
-        missing = [span for span in spans if span not in fetched]
-        failures: list[BaseException] = []
-        for span, result in zip(missing, _request_spans(fs, missing)):
+        missing = [position for position in range(len(spans)) if position not in fetched]
+        failures: list[tuple[BaseException, str]] = []
+        for position, result in zip(missing, _request_spans(fs, [spans[position] for position in missing])):
+            span = spans[position]
             if isinstance(result, BaseException):
-                failures.append(result)
+                failures.append((result, span.url))
             elif len(result) != span.end - span.start:
-                failures.append(_wrong_length(span.start, span.end, len(result)))
+                failures.append((_wrong_length(span.start, span.end, len(result)), span.url))
             else:
-                fetched[span] = bytes(result)
+                fetched[position] = bytes(result)
         if failures:
-            raise min(failures, key=is_transient)  # a permanent failure first: retrying cannot help it
+            error, failed_url = min(failures, key=lambda failure: is_transient(failure[0]))  # a permanent one first
+            raise ObjectFailure(failed_url, error) if several else error
 
     if spans:
         with_retries(fetch_missing, what=what, url=url, sleep=sleep)
-    return fetched
+    return [fetched[position] for position in range(len(spans))]
 
 
 def _request_spans(fs: AbstractFileSystem, spans: Sequence[_Span]) -> list[Any]:
@@ -567,36 +634,6 @@ def read_object(
             return b""
 
     return with_retries(read, what="reading the object", url=url, sleep=sleep)
-
-
-def _offset(value: object, url: str) -> int:
-    """`value` as a byte offset: an integer (numpy's too), not a bool, a float or a string."""
-    if not isinstance(value, bool):
-        try:
-            return operator.index(value)  # type: ignore[arg-type]
-        except TypeError:
-            pass
-    raise VarstoreError(f"a byte offset must be an integer, not {type(value).__name__} {value!r}", path=url)
-
-
-def _merge_ranges(path: str, ranges: Sequence[tuple[int, int]], max_gap: int, size: int) -> list[_Span]:
-    """The spans of `path`, an object of `size` bytes, to request for non-empty `ranges`: sorted, overlapping or
-    `max_gap`-near ranges joined (a hole of exactly `max_gap` bytes too)."""
-    spans: list[_Span] = []
-    for start, end in sorted(ranges):
-        if spans and start - spans[-1].end <= max_gap:
-            spans[-1] = _Span(path, spans[-1].start, max(spans[-1].end, end), size)
-        else:
-            spans.append(_Span(path, start, end, size))
-    return spans
-
-
-def _cut(fetched: dict[_Span, bytes], spans: list[_Span], span_starts: list[int], start: int, end: int) -> bytes:
-    """Bytes [start, end) out of the fetched span that contains them (`spans` sorted, `span_starts` theirs)."""
-    if start == end:
-        return b""
-    span = spans[bisect.bisect_right(span_starts, start) - 1]
-    return fetched[span][start - span.start : end - span.start]
 
 
 def upload_file(

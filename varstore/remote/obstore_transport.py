@@ -14,9 +14,9 @@ It keeps the rules of `filesystems`, on which it builds:
   size is a `FormatError` at once); obstore refuses a 200 to a ranged GET (a server that ignored Range)
   before reading its body, and every body is streamed and refused at the first chunk past its length, so a
   body longer than asked costs at most one chunk (`filesystems._READ_CHUNK`, or the span) more.
-- Concurrency: near ranges share a request (`filesystems._merge_ranges`), requests carry at most `PART_BYTES`
-  (larger spans are cut into parts), and all of a `read_ranges` call's requests are in flight at once, on one
-  event loop per process. A download larger than `PART_BYTES` comes in ranged parts written at their offsets,
+- Concurrency: a batch's ranges, of every object it reads, are planned at once (`read_plan.plan_reads`: near
+  ranges share a request, requests carry at most `PART_BYTES`) and `_REQUESTS_IN_FLIGHT` of its requests are in
+  flight at once, on one event loop per process. A download larger than `PART_BYTES` comes in ranged parts written at their offsets,
   `_PARTS_IN_FLIGHT` at once (none started after one fails: a forged size costs one request), a retry fetching
   only the parts still missing; a smaller one in one GET.
 - Fork: obstore's runtime (tokio) does not survive `fork`: in a child of a process that made an obstore
@@ -43,16 +43,19 @@ import re
 import threading
 from typing import Any, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
-from ..errors import VarstoreError
-from . import filesystems
-from .filesystems import StoredObject
+from . import filesystems, read_plan
+from .filesystems import ObjectFailure, StoredObject
+from .read_plan import ObjectRanges, Request
 
 T = TypeVar("T")
+P = TypeVar("P")
 
 # The most bytes one request carries: longer spans and downloads are cut into parts of this size.
-PART_BYTES = 8 << 20
+PART_BYTES = read_plan.DEFAULT_REQUEST_BYTES
 # A download's parts in flight at once.
 _PARTS_IN_FLIGHT = 32
+# A batch's ranged reads in flight at once.
+_REQUESTS_IN_FLIGHT = 64
 _SCHEMES = ("s3://", "s3a://")
 # obstore's overall timeout of a request, beyond any deadline of `filesystems.request_deadline`: that is the one.
 _CLIENT_TIMEOUT = datetime.timedelta(days=1)
@@ -214,29 +217,31 @@ class ObstoreTransport:
         return url.partition("://")[2].partition("/")[2]
 
     def read_ranges(self, url: str, ranges: Sequence[tuple[int, int]], *, size: int) -> list[bytes]:
+        return self.read_batch([ObjectRanges(url, size, ranges)])[0]
+
+    def read_batch(self, objects: Sequence[ObjectRanges]) -> list[list[bytes]]:
         store = self._client()
         if store is None:
-            return self._fallback.read_ranges(url, ranges, size=size)
-        ranges = [(filesystems._offset(start, url), filesystems._offset(end, url)) for start, end in ranges]
-        for start, end in ranges:
-            if not 0 <= start <= end <= size:
-                raise VarstoreError(f"byte range [{start}, {end}) is not within the object's {size} bytes", path=url)
-        key = self._key(url)
-        wanted = [(start, end) for start, end in ranges if end > start]
-        spans = filesystems._merge_ranges(key, wanted, filesystems.DEFAULT_MAX_GAP, size)
-        parts = [part for span in spans for part in _parts(span.start, span.end)]
-        fetched: dict[tuple[int, int], bytes] = {}
+            return self._fallback.read_batch(objects)
+        plan = read_plan.plan_reads(objects, request_bytes=PART_BYTES)
+        requests = plan.requests
+        fetched: dict[int, bytes] = {}
+
+        async def read(position: int) -> bytes:
+            request = requests[position]
+            try:
+                return await _read_part(store, self._key(request.name), request.start, request.end, request.size)
+            except Exception as error:
+                raise ObjectFailure(request.name, error) from error
 
         def fetch_missing() -> None:
-            missing = [part for part in parts if part not in fetched]
-            read = functools.partial(_read_part, store, key, size=size)
-            _raise_first(_run(_fetch_parts(missing, read, fetched, window=len(missing))))
+            missing = (position for position in range(len(requests)) if position not in fetched)
+            _raise_first(_run(_fetch_parts(missing, read, functools.partial(_request_length, requests), fetched, window=_REQUESTS_IN_FLIGHT)))
 
-        if parts:
-            filesystems.with_retries(fetch_missing, what=f"reading {len(spans)} byte range(s)", url=url)
-        joined = {span: b"".join(fetched[part] for part in _parts(span.start, span.end)) for span in spans}
-        span_starts = [span.start for span in spans]
-        return [filesystems._cut(joined, spans, span_starts, start, end) for start, end in ranges]
+        if requests:
+            what = f"reading {len(requests)} byte range(s)"
+            filesystems.with_retries(fetch_missing, what=what, url=requests[0].name)
+        return read_plan.cut_pieces(plan, [fetched[position] for position in range(len(requests))])
 
     def read_object(self, url: str, *, max_size: int) -> bytes:
         return self._fallback.read_object(url, max_size=max_size)
@@ -254,8 +259,11 @@ class ObstoreTransport:
 
             def fetch_missing() -> None:
                 missing = (part for part in (_parts(0, size) if ranged else [(0, size)]) if part not in done)
-                write = functools.partial(_download_part, store, key, fd, size=size, ranged=ranged)
-                _raise_first(_run(_fetch_parts(missing, write, done, window=_PARTS_IN_FLIGHT)))
+
+                def write(part: tuple[int, int]) -> Awaitable[None]:
+                    return _download_part(store, key, fd, *part, size=size, ranged=ranged)
+
+                _raise_first(_run(_fetch_parts(missing, write, _part_length, done, window=_PARTS_IN_FLIGHT)))
 
             filesystems.with_retries(fetch_missing, what=f"downloading to {local_path}", url=url)
         finally:
@@ -279,6 +287,14 @@ def _parts(start: int, end: int) -> Iterator[tuple[int, int]]:
     """[start, end) cut into requests of at most `PART_BYTES`, in order."""
     for offset in range(start, end, PART_BYTES):
         yield offset, min(offset + PART_BYTES, end)
+
+
+def _part_length(part: tuple[int, int]) -> int:
+    return part[1] - part[0]
+
+
+def _request_length(requests: Sequence[Request], position: int) -> int:
+    return requests[position].end - requests[position].start
 
 
 def _raise_first(failures: list[BaseException]) -> None:
@@ -311,19 +327,20 @@ def _run(coroutine: Awaitable[T]) -> T:
 
 
 async def _fetch_parts(
-    parts: Iterable[tuple[int, int]],
-    fetch: Callable[[int, int], Awaitable[T]],
-    results: dict[tuple[int, int], T],
+    parts: Iterable[P],
+    fetch: Callable[[P], Awaitable[T]],
+    length: Callable[[P], int],
+    results: dict[P, T],
     *,
     window: int,
 ) -> list[BaseException]:
-    """`results[part] = await fetch(*part)` for each part, at most `window` at once, each under the deadline of a
-    request of its size; no part is started after one fails. The failures."""
+    """`results[part] = await fetch(part)` for each part, at most `window` at once, each under the deadline of a
+    request of its `length`; no part is started after one fails. The failures."""
     failures: list[BaseException] = []
 
-    async def one(part: tuple[int, int]) -> None:
+    async def one(part: P) -> None:
         try:
-            results[part] = await filesystems._within(fetch(*part), filesystems.request_deadline(part[1] - part[0]))
+            results[part] = await filesystems._within(fetch(part), filesystems.request_deadline(length(part)))
         except Exception as error:  # noqa: BLE001 - the caller judges every failure (`_raise_first`)
             failures.append(error)
 

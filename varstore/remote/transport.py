@@ -1,6 +1,7 @@
 """The reads a remote reader makes, behind one interface that more than one client serves.
 
-A `Transport` reads objects under one root URL, each named by its own URL: ranged reads, a small object whole,
+A `Transport` reads objects under one root URL, each named by its own URL: ranged reads (those of a whole batch,
+over many objects, planned at once by `read_plan.plan_reads` and issued concurrently), a small object whole,
 a download to a local file, a HEAD. `FsspecTransport` makes them through fsspec (`filesystems`), for every
 scheme fsspec knows; `ObstoreTransport` (obstore_transport.py) through obstore, for s3://. Every
 transport follows the rules of `filesystems`: the same retries with backoff, the same deadline per request,
@@ -27,8 +28,9 @@ import threading
 from typing import Any, Protocol, Sequence
 
 from ..errors import VarstoreError
-from . import filesystems, obstore_transport
+from . import filesystems, obstore_transport, read_plan
 from .filesystems import StoredObject
+from .read_plan import ObjectRanges
 
 # Chooses the transport of every remote read: "fsspec" (the default) or "obstore".
 TRANSPORT_VARIABLE = "VARSTORE_TRANSPORT"
@@ -44,6 +46,11 @@ class Transport(Protocol):
     def read_ranges(self, url: str, ranges: Sequence[tuple[int, int]], *, size: int) -> list[bytes]:
         """The bytes of each [start, end) of the object `url`, `size` bytes long (ranges outside it are refused
         unsent); near ranges share a request, requests run concurrently."""
+        ...
+
+    def read_batch(self, objects: Sequence[ObjectRanges]) -> list[list[bytes]]:
+        """`read_ranges` of every object of `objects` (named by URL) at once: one plan over all of them
+        (`read_plan.plan_reads`), its requests in flight together, each object's pieces in its ranges' order."""
         ...
 
     def read_object(self, url: str, *, max_size: int) -> bytes:
@@ -91,8 +98,12 @@ class FsspecTransport:
         return root + url[len(self._root_url) :]
 
     def read_ranges(self, url: str, ranges: Sequence[tuple[int, int]], *, size: int) -> list[bytes]:
+        return self.read_batch([ObjectRanges(url, size, ranges)])[0]
+
+    def read_batch(self, objects: Sequence[ObjectRanges]) -> list[list[bytes]]:
         fs, _ = self.filesystem()
-        return filesystems.read_ranges(fs, self.path_of(url), ranges, url=url, size=size)
+        plan = read_plan.plan_reads(objects)
+        return filesystems.read_planned(fs, plan, {wanted.name: self.path_of(wanted.name) for wanted in objects})
 
     def read_object(self, url: str, *, max_size: int) -> bytes:
         fs, _ = self.filesystem()

@@ -27,7 +27,8 @@ one HEAD more), or, for a data object of at most 8 KiB when the cache may hold t
 whole; none when another process of the node opened it (the node cache holds the index and the edges; of a
 shard without record checksums, the edges' GET is made at every open: `_data_edges`). A
 shard opened alone costs two HEADs and a GET of its header more. A read of one record is one GET of its
-bytes; a batch is one GET per span of records within 64 KiB of each other, all at once.
+bytes; a batch is one GET per span of records within 64 KiB of each other (at most 8 MiB each), all at once,
+and a `ShardedReader`'s batch plans the spans of all its shards together (`wanted_ranges`, `records_from`).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from ..local.mapping import map_file, pread_exactly
 from ..remote.cache import DamagedDownloadError
 from ..remote.filesystems import DEFAULT_ATTEMPTS, backoff_delay
 from ..remote.location import RemoteLocation
+from ..remote.read_plan import ObjectRanges
 from .index import ShardIndex
 from .reader import FlatBatch, check_indices, decode_records, pack_flat, shard_buffer
 from .reader_base import ShardReaderBase, replaced_error
@@ -281,20 +283,36 @@ class RemoteShard(ShardReaderBase):
         return self._get_other(index)
 
     def get_batch(self, indices: Sequence[int] | np.ndarray) -> list[Any]:
-        """Records at `indices`, in that order: their byte ranges merged into as few requests as the gaps
-        allow, fetched at once, each record checked against its CRC32C."""
+        """Records at `indices`, in that order: their byte ranges planned into as few requests as the gaps
+        allow (`read_plan`), fetched at once, each record checked against its CRC32C."""
+        return self.records_from(indices, None)
+
+    def get_batch_flat(self, indices: Sequence[int] | np.ndarray) -> FlatBatch:
+        """Records at `indices` packed into one buffer plus offsets, as `Reader.get_batch_flat`."""
+        return self.records_from(indices, None, flat=True)
+
+    def wanted_ranges(self, indices: Sequence[int] | np.ndarray) -> ObjectRanges | None:
+        """The data object's byte ranges of the records at `indices`, in that order, or None if a local copy of it
+        serves them: what a batch over many shards plans and fetches at once (`ShardedReader`) before handing
+        each shard its pieces (`records_from`)."""
         indices = self._check_indices(indices)
-        starts, ends, joined = self._gather(indices)
+        if self._data_map is not None:
+            return None
+        starts, ends = self._index.checked_ranges(indices)
+        return ObjectRanges(self.data_path, self._data_size, list(zip(starts.tolist(), ends.tolist())))
+
+    def records_from(self, indices: Sequence[int] | np.ndarray, pieces: list[bytes] | None, *, flat: bool = False) -> Any:
+        """`get_batch(indices)` (or `get_batch_flat`, if `flat`) built of `pieces`, the bytes of
+        `wanted_ranges(indices)` that the caller fetched; with None, fetched here. Each record is checked against
+        its CRC32C as always."""
+        indices = self._check_indices(indices)
+        starts, ends, joined = self._gather(indices, pieces)
+        if flat:
+            return pack_flat(self._index, indices, starts, ends, joined)
         offsets = _offsets_of(starts, ends)
         if self._index.dtype is not None and self._index.decompressor is None:
             self._index.check_rows(indices, starts, ends)  # where they lay in the data file, not in `joined`
         return decode_records(self._index, shard_buffer(self._index, bytes(joined)), indices, offsets[:-1], offsets[1:])
-
-    def get_batch_flat(self, indices: Sequence[int] | np.ndarray) -> FlatBatch:
-        """Records at `indices` packed into one buffer plus offsets, as `Reader.get_batch_flat`."""
-        indices = self._check_indices(indices)
-        starts, ends, joined = self._gather(indices)
-        return pack_flat(self._index, indices, starts, ends, joined)
 
     def _read_range(self, start: int, stop: int) -> list[Any]:
         records: list[Any] = []
@@ -333,14 +351,19 @@ class RemoteShard(ShardReaderBase):
         self._check_open()
         return check_indices(indices, self._count, self.path)
 
-    def _gather(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, bytearray]:
-        """Byte ranges of the records at `indices` and their bytes joined back to back, each checked against
-        its record CRC32C. Records read by ranges that fail it are read again (only those), with backoff, up to
-        `DEFAULT_ATTEMPTS` reads in all: a body damaged on the way heals, damage at rest stays and is raised."""
+    def _gather(self, indices: np.ndarray, pieces: list[bytes] | None) -> tuple[np.ndarray, np.ndarray, bytearray]:
+        """Byte ranges of the records at `indices` and their bytes (`pieces` if the caller fetched them, else read
+        now) joined back to back, each checked against its record CRC32C. Records read by ranges that fail it are
+        read again (only those), with backoff, up to `DEFAULT_ATTEMPTS` reads in all: a body damaged on the way
+        heals, damage at rest stays and is raised."""
         starts, ends = self._index.checked_ranges(indices)
         ranges = list(zip(starts.tolist(), ends.tolist()))
-        ranged = self._data_map is None
-        pieces = self._read_data(ranges, self._data_size)
+        if pieces is None:
+            ranged = self._data_map is None
+            pieces = self._read_data(ranges, self._data_size)
+        else:
+            ranged = True
+            self._note_ranged_read(sum(len(piece) for piece in pieces))
         checksums = self._index.checksums
         if checksums is not None:
             expected = checksums[indices]

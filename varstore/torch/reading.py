@@ -5,6 +5,9 @@ shares the page cache (and, for a URL, the node cache) instead of copying data.
 After a fork the reader is opened again: the parent's maps would still be valid,
 but a lock a parent thread held at the fork would never be released in the child,
 and an object-storage client's sockets and event loop do not survive a fork at all.
+A URL's reader is reopened from the parent's reader's state, as unpickling does (its
+version pinned: no request when the node cache holds that manifest), not opened
+afresh by URL (two requests, and the manifest parsed again, in every worker).
 
 A local path is made absolute at construction; a URL is kept as given, with its
 `storage_options`, `cache_dir` and `cache_limit`, so that workers reach the same
@@ -73,6 +76,10 @@ class ProcessLocalReader:
         return self._reader
 
     def _open(self) -> AnyReader:
+        if self._reader is not None and is_url(self.path):  # a forked child: the parent's reader, reopened
+            reopened = type(self._reader).__new__(type(self._reader))
+            reopened.__setstate__(self._reader.__getstate__())
+            return reopened
         if self.quarantine and is_url(self.path):
             return self._open_url_quarantining()
         if self.quarantine and os.path.isdir(self.path):
