@@ -30,7 +30,7 @@ LAYERS = {
     "operations": 6, "conversion": 6,
     "torch": 7, "engines": 7,
     "cli": 8,
-    "": 9, "__main__": 9, "ray": 9, "spark": 9,
+    "": 9, "__main__": 9, "ray": 9, "spark": 9, "grain": 9,
 }  # fmt: skip
 IGNORED = {"_speedups"}  # the C extension: no .py file to read
 OPTIONAL_EXTRAS = {

@@ -31,6 +31,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import itertools
+import json
 import math
 import operator
 import os
@@ -46,6 +47,7 @@ from torch.utils.data import Dataset
 
 from ..errors import RecordIndexError, VarstoreError
 from .datasets import RecordDataset
+from .fingerprint import check_version, dataset_version
 from .permutation import Permutation, derive_key
 from .resume import as_int
 
@@ -283,6 +285,27 @@ class BlendedDataset(Dataset):
         ]
         self._segments = self._build_segments(_as_schedule(weights))
         self._starts = [segment.start for segment in self._segments]
+        self.version = self._fingerprint()
+
+    def _fingerprint(self) -> str:
+        """BLAKE2b-128 of what fixes sample k's record for every k, except the schedule, which may gain segments
+        at a resume (see the class docstring): seed, length, and each source's name, length and version."""
+        sources = [[name, length, dataset_version(source)]
+                   for name, length, source in zip(self.names, self._lengths, self.sources)]
+        identity = json.dumps({"seed": self.seed, "num_samples": self.num_samples, "sources": sources})
+        return hashlib.blake2b(identity.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The blend's identity, which torchdata's `StatefulDataLoader` saves from each worker: the blend holds no
+        progress (the sampler does), but loading the state on another blend is refused."""
+        return {"kind": "BlendedDataset", "dataset_version": self.version}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Check that `state` was saved from this blend (see `state_dict`)."""
+        if not isinstance(state, dict) or state.get("kind") != "BlendedDataset":
+            kind = state.get("kind") if isinstance(state, dict) else type(state).__name__
+            raise VarstoreError(f"BlendedDataset.load_state_dict got a state of kind {kind!r}")
+        check_version(state, self.version, "BlendedDataset")
 
     @classmethod
     def from_data_path(cls, data_path: str | Sequence[str], *, num_samples: int, seed: int = 0) -> BlendedDataset:

@@ -9,6 +9,8 @@ from torch.utils.data import Sampler
 
 from ..errors import VarstoreError
 from .distributed import rank_and_world_size
+from .fingerprint import check_version, dataset_version
+from .loader_state import is_loader_state, sampler_state
 from .permutation import BlockShuffle, Permutation, derive_key
 from .resume import EpochPosition, as_int, check_resume_state
 
@@ -46,7 +48,10 @@ class ExactlyOnceSampler(EpochPosition, Sampler[int]):
 
     Resume: ``state_dict(samples_consumed)`` with this rank's count (batches x
     batch_size) and, after ``load_state_dict``, the same epoch continues right after
-    the samples every rank consumed, with any world size.
+    the samples every rank consumed, with any world size. Under torchdata's
+    `StatefulDataLoader`, which calls ``state_dict()`` as it hands out indices, the
+    count is what the sampler's iterator has yielded. The state records the version
+    of `data_source` (see `fingerprint`), and loading it on another version is refused.
 
     `block_size` (records) makes the shuffle one that suits object storage (`BlockShuffle`):
     blocks of `block_size` contiguous records in a random order, shuffled within windows
@@ -72,8 +77,10 @@ class ExactlyOnceSampler(EpochPosition, Sampler[int]):
         self.seed = as_int(seed, "seed")
         self.block_size, self.shuffle_window = _block_options(shuffle, block_size, shuffle_window)
         self.rank, self.world_size = rank_and_world_size(rank, world_size)
+        self.dataset_version = dataset_version(data_source)
         self.epoch = 0
         self._start = 0  # positions of the epoch order consumed before a resume, across all ranks
+        self._yielded = 0  # indices the latest iterator yielded
 
     def _positions(self) -> range:
         return range(self._start + self.rank, self.size, self.world_size)
@@ -82,12 +89,16 @@ class ExactlyOnceSampler(EpochPosition, Sampler[int]):
         return len(self._positions())
 
     def __iter__(self) -> Iterator[int]:
-        positions = self._positions()
-        order = self._order()
+        self._yielded = 0
+        return self._indices(self._positions(), self._order())
+
+    def _indices(self, positions: range, order: Permutation | BlockShuffle | None) -> Iterator[int]:
         for chunk_start in range(0, len(positions), _CHUNK):
             chunk = np.arange(chunk_start, min(chunk_start + _CHUNK, len(positions)), dtype=np.int64)
             chunk = positions.start + chunk * positions.step
-            yield from (order(chunk) if order is not None else chunk).tolist()
+            for index in (order(chunk) if order is not None else chunk).tolist():
+                self._yielded += 1
+                yield index
 
     def _order(self) -> Permutation | BlockShuffle | None:
         """This epoch's order of ``range(size)`` (None: in order)."""
@@ -102,20 +113,32 @@ class ExactlyOnceSampler(EpochPosition, Sampler[int]):
         return {"kind": "ExactlyOnceSampler", "size": self.size, "shuffle": self.shuffle, "seed": self.seed,
                 "block_size": self.block_size, "shuffle_window": self.shuffle_window}
 
-    def state_dict(self, samples_consumed: int) -> dict[str, Any]:
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        self._yielded = 0
+
+    def state_dict(self, samples_consumed: int | None = None) -> dict[str, Any]:
         """What resuming needs, given how many samples this rank's training loop consumed this epoch.
 
-        The DataLoader runs ahead of the loop, so only the loop knows the count:
+        A plain DataLoader runs ahead of the loop, so only the loop knows the count:
         batches x batch_size, including any record the skip policy left out (a count
         past the end, from a short last batch, means the epoch is done). Ranks step
-        together, so every rank computes the same state from the same count.
+        together, so every rank computes the same state from the same count. Without
+        a count (torchdata's `StatefulDataLoader`, which snapshots the sampler as it
+        dispatches each batch's indices) it is the indices the latest iterator yielded.
         """
-        samples_consumed = as_int(samples_consumed, "samples_consumed")
+        samples_consumed = self._yielded if samples_consumed is None else as_int(samples_consumed, "samples_consumed")
         if samples_consumed < 0:
             raise VarstoreError(f"samples_consumed is {samples_consumed}, it cannot be negative")
         consumed = min(self.size, self._start + samples_consumed * self.world_size)
-        return {**self._settings(), "epoch": self.epoch, "samples_consumed": consumed}
+        return {**self._settings(), "dataset_version": self.dataset_version, "epoch": self.epoch,
+                "samples_consumed": consumed}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue `state`'s epoch after the samples it counts, whatever the world size now."""
+        """Continue `state`'s epoch after the samples it counts, whatever the world size now; `state` may be a
+        `StatefulDataLoader`'s whole ``state_dict()``, whatever its number of workers."""
+        if is_loader_state(state):
+            state = sampler_state(state)
+        check_version(state, self.dataset_version, "ExactlyOnceSampler")
         self.epoch, self._start = check_resume_state(state, self._settings(), self.size)
+        self._yielded = 0

@@ -16,7 +16,8 @@ settings, never of the number of DataLoader workers:
 The rank's order is dealt to workers a batch at a time: batch j goes to worker
 ``j % num_workers``, the same round robin in which the DataLoader collects batches,
 so the loader yields the rank's order exactly. Resuming therefore only needs how
-many samples the loop consumed, and works with another number of workers.
+many samples the loop consumed, and works with another number of workers; at another
+world size the epoch goes on from what every rank left (see `_EpochOrder`).
 
 Over object storage the same order is read in one of two ways (`varstore.torch.prefetch`
 runs both): unshuffled, whole shards are fetched into the node cache ahead of the
@@ -41,6 +42,8 @@ from ..errors import CorruptRecordError, DatasetReplacedError, StorageError, Var
 from ..shard.reader import FlatBatch
 from .datasets import DamagedPolicy, Output, RecordDataset
 from .distributed import rank_and_world_size
+from .fingerprint import check_version, dataset_version
+from .loader_state import dataset_states, is_loader_state
 from .permutation import Permutation, derive_key
 from .prefetch import Prefetcher, ShardPrefetcher, ShardSchedule
 from .reading import AnyReader
@@ -62,22 +65,41 @@ def _contiguous_runs(records: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(starts.tolist(), stops.tolist()))
 
 
+def _part(length: int, world_size: int, rank: int) -> tuple[int, int]:
+    """(first position, count) of rank `rank`'s contiguous, equal (to one) share of `length` positions."""
+    first = rank * length // world_size
+    return first, (rank + 1) * length // world_size - first
+
+
+def _stage_consumed(length: int, world_size: int, consumed: int) -> int:
+    """Positions a stage of `length` took when each of its `world_size` ranks consumed `consumed` of its share."""
+    return sum(min(consumed, _part(length, world_size, rank)[1]) for rank in range(world_size))
+
+
 class _EpochOrder:
     """One rank's epoch order, built a window at a time; only the windows the current batch spans are held.
 
     Each window is computed whole (a few vectorised passes over `shuffle_window`
     positions, far cheaper than permuting batch by batch) when a read first reaches
     it, and its records are handed to `prefetch` as contiguous ranges.
+
+    After a resume at another world size the epoch goes on in stages: stage 0 is the
+    order described in the module docstring, and each later stage's sequence is what
+    the stage before left, its ranks' unread tails joined in rank order, cut again
+    into one contiguous share per rank (no reshuffle: it is shuffled already).
     """
 
     def __init__(self, stream: RecordStream, prefetch: Callable[[int, int], None]) -> None:
         self.block_size = stream.block_size
         self.shuffle_window = stream.shuffle_window
         self.shuffle = stream.shuffle
-        self.first = stream.rank * stream.record_count // stream.world_size
-        self.count = stream.rank_record_count
+        self.first, self.count = _part(stream._length, stream.world_size, stream.rank)
+        self._rank = stream.rank
         self._prefetch = prefetch
-        self._window_key = (_WINDOW_PURPOSE, stream.seed, stream.epoch, stream.rank)
+        self._record_count = stream.record_count
+        self._earlier = stream._earlier
+        self._first_world_size = stream._earlier[0][0] if stream._earlier else stream.world_size
+        self._window_key = (_WINDOW_PURPOSE, stream.seed, stream.epoch)
         blocks = math.ceil(stream.record_count / self.block_size)
         self._last_block_size = stream.record_count - (blocks - 1) * self.block_size
         self._blocks = Permutation(blocks, derive_key(_BLOCKS_PURPOSE, stream.seed, stream.epoch))
@@ -93,14 +115,54 @@ class _EpochOrder:
         padded = positions + after_short * (self.block_size - self._last_block_size)
         return self._blocks(padded // self.block_size) * self.block_size + padded % self.block_size
 
-    def window(self, window: int) -> np.ndarray:
-        """The records of window `window`, in the order the rank reads them."""
+    def _first_stage_window(self, rank: int, window: int) -> np.ndarray:
+        """The records of window `window` of rank `rank` in stage 0, in the order that rank reads them."""
+        first, count = _part(self._record_count, self._first_world_size, rank)
         start = window * self.shuffle_window
-        size = min(self.shuffle_window, self.count - start)
-        records = self._in_block_order(np.arange(self.first + start, self.first + start + size, dtype=np.int64))
+        size = min(self.shuffle_window, count - start)
+        records = self._in_block_order(np.arange(first + start, first + start + size, dtype=np.int64))
         if not self.shuffle:
             return records
-        return records[Permutation(size, derive_key(*self._window_key, window))(np.arange(size))]
+        return records[Permutation(size, derive_key(*self._window_key, rank, window))(np.arange(size))]
+
+    def _first_stage_records(self, positions: np.ndarray) -> np.ndarray:
+        """The records at `positions` of stage 0's sequence (every rank's order, joined in rank order)."""
+        world_size = self._first_world_size
+        firsts = np.array([_part(self._record_count, world_size, rank)[0] for rank in range(world_size)], np.int64)
+        ranks = np.searchsorted(firsts, positions, side="right") - 1
+        offsets = positions - firsts[ranks]
+        stride = self._record_count // self.shuffle_window + 1  # more windows than any rank has
+        keys = ranks * stride + offsets // self.shuffle_window
+        records = np.empty_like(positions)
+        for key in np.unique(keys).tolist():
+            chosen = keys == key
+            rank, window = divmod(key, stride)
+            records[chosen] = self._first_stage_window(rank, window)[offsets[chosen] % self.shuffle_window]
+        return records
+
+    def _earlier_positions(self, positions: np.ndarray) -> np.ndarray:
+        """`positions` of the current stage's sequence as positions of stage 0's, through each stage's unread tails."""
+        lengths = [self._record_count]
+        for world_size, consumed in self._earlier:
+            lengths.append(lengths[-1] - _stage_consumed(lengths[-1], world_size, consumed))
+        for (world_size, consumed), length in zip(reversed(self._earlier), reversed(lengths[:-1])):
+            parts = [_part(length, world_size, rank) for rank in range(world_size)]
+            tail_starts = np.array([first + min(consumed, count) for first, count in parts], np.int64)
+            tail_lengths = np.array([count - min(consumed, count) for _, count in parts], np.int64)
+            joined_starts = np.concatenate(([0], np.cumsum(tail_lengths)[:-1]))
+            # A rank whose tail is empty shares its joined start with the next: side="right" picks the last of them.
+            tail = np.searchsorted(joined_starts, positions, side="right") - 1
+            positions = tail_starts[tail] + positions - joined_starts[tail]
+        return positions
+
+    def window(self, window: int) -> np.ndarray:
+        """The records of window `window`, in the order the rank reads them."""
+        if not self._earlier:
+            return self._first_stage_window(self._rank, window)
+        start = window * self.shuffle_window
+        size = min(self.shuffle_window, self.count - start)
+        positions = np.arange(self.first + start, self.first + start + size, dtype=np.int64)
+        return self._first_stage_records(self._earlier_positions(positions))
 
     def records(self, start: int, stop: int) -> np.ndarray:
         """The records at positions [start, stop) of the rank's order; calls must not go back to earlier windows."""
@@ -300,14 +362,22 @@ class RecordStream(EpochPosition, IterableDataset):
         self.block_size = block_size
         self.shuffle_window = shuffle_window
         self.rank, self.world_size = rank_and_world_size(rank, world_size)
+        self.dataset_version = dataset_version(self._dataset)
         self.epoch = 0
         self._start = 0  # positions of this rank's epoch order consumed before a resume
+        # Stages of this epoch run at other world sizes before a resume: (world size, samples each rank consumed).
+        self._earlier: list[tuple[int, int]] = []
+        self._length = self.record_count  # records of the epoch the current stage deals out
+        # (worker, workers, batches): the batches a worker yielded, from a StatefulDataLoader worker's state loaded,
+        # and as counted by this process's latest iteration.
+        self._worker_resume: tuple[int, int, int] | None = None
+        self._worker_progress: tuple[int, int, int] | None = None
         self._last_worker_iteration: tuple[int, int] | None = None
 
     @property
     def rank_record_count(self) -> int:
         """How many records this rank reads per epoch."""
-        return (self.rank + 1) * self.record_count // self.world_size - self.rank * self.record_count // self.world_size
+        return _part(self._length, self.world_size, self.rank)[1]
 
     @property
     def skipped_records(self) -> dict[str, int]:
@@ -316,7 +386,7 @@ class RecordStream(EpochPosition, IterableDataset):
 
     @property
     def _largest_rank_record_count(self) -> int:
-        return -(-self.record_count // self.world_size)
+        return -(-self._length // self.world_size)
 
     def __len__(self) -> int:
         """Batches this rank yields this epoch (after a resume: those left)."""
@@ -330,7 +400,10 @@ class RecordStream(EpochPosition, IterableDataset):
         reader = self._dataset.reader
         remote = reader.is_remote
         order = _EpochOrder(self, _no_prefetch if remote else reader.prefetch)
-        batch_starts = range(self._start + worker_id * self.batch_size, order.count, workers * self.batch_size)
+        skip = self._batches_done(worker_id, workers)
+        self._worker_progress = (worker_id, workers, skip)
+        first_batch = worker_id + skip * workers
+        batch_starts = range(self._start + first_batch * self.batch_size, order.count, workers * self.batch_size)
         # Whole shards, each downloaded once per node, unless a shuffled epoch, which needs most shards until its
         # end, would hold more than the node cache may: then each window's blocks by ranged reads.
         by_windows = remote and self.shuffle and not reader.fits_in_cache
@@ -349,7 +422,9 @@ class RecordStream(EpochPosition, IterableDataset):
                     samples = self._samples_from(_HeldRecords(self.path, self.record_count, held), records)
                 if shards is not None:
                     shards.after_batch(number)
-                yield self.collate_fn(samples)
+                batch = self.collate_fn(samples)
+                self._worker_progress = (worker_id, workers, skip + number + 1)
+                yield batch
         finally:
             for prefetcher in (shards, windows):
                 if prefetcher is not None:
@@ -420,8 +495,9 @@ class RecordStream(EpochPosition, IterableDataset):
         records = order.window(window)
         positions = np.arange(window * self.shuffle_window, window * self.shuffle_window + len(records))
         batches = (positions - self._start) // self.batch_size
-        mine = (positions >= self._start) & (batches % workers == worker_id)
-        return records[mine], batches[mine] // workers
+        skip = self._batches_done(worker_id, workers)
+        mine = (positions >= self._start) & (batches % workers == worker_id) & (batches // workers >= skip)
+        return records[mine], batches[mine] // workers - skip
 
     def _shard_prefetcher(self, reader: AnyReader, worker_id: int, workers: int) -> ShardPrefetcher:
         """The thread that fetches this worker's shards of a remote dataset whole, in the order its batches
@@ -463,19 +539,47 @@ class RecordStream(EpochPosition, IterableDataset):
             )
         self._last_worker_iteration = current
 
+    def _batches_done(self, worker_id: int, workers: int) -> int:
+        """How many of its batches this worker already yielded: those of a worker's state it loaded, else none."""
+        progress = self._worker_resume
+        return progress[2] if progress is not None and progress[:2] == (worker_id, workers) else 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch's order; a resume position loaded for another epoch is dropped."""
+        if as_int(epoch, "epoch") != self.epoch:
+            self._earlier, self._length = [], self.record_count
+            self._worker_resume = self._worker_progress = None
+        super().set_epoch(epoch)
+
     def _settings(self) -> dict[str, Any]:
         return {
             "kind": "RecordStream", "record_count": self.record_count, "shuffle": self.shuffle, "seed": self.seed,
-            "block_size": self.block_size, "shuffle_window": self.shuffle_window, "world_size": self.world_size,
+            "block_size": self.block_size, "shuffle_window": self.shuffle_window,
         }
 
-    def state_dict(self, samples_consumed: int) -> dict[str, Any]:
+    def state_dict(self, samples_consumed: int | None = None) -> dict[str, Any]:
         """What resuming needs, given how many samples this rank's training loop consumed this epoch.
 
-        The workers run ahead of the loop, so only the loop knows the count: batches x
-        batch_size, including records the skip policy left out. Ranks step together,
-        so every rank computes the same state from the same count.
+        A plain DataLoader's workers run ahead of the loop, so only the loop knows the
+        count: batches x batch_size, including records the skip policy left out. Ranks
+        step together, so every rank computes the same state from the same count, and
+        any rank's state resumes every rank, at any world size and number of workers.
+
+        Without a count, the state is of what this process yielded: torchdata's
+        `StatefulDataLoader` takes it in each worker as the worker yields a batch, and
+        resumes each worker from its own (same world size and number of workers); given
+        to `load_state_dict`, the loader's whole state resumes at any of either.
         """
+        state = {
+            **self._settings(), "dataset_version": self.dataset_version, "epoch": self.epoch,
+            "world_size": self.world_size, "earlier_stages": [list(stage) for stage in self._earlier],
+        }
+        if samples_consumed is None:
+            worker, workers, batches = self._worker_progress or (0, 1, 0)
+            if workers > 1:
+                return {**state, "samples_consumed": self._start, "worker": worker, "workers": workers,
+                        "worker_batches": batches, "batch_size": self.batch_size}
+            samples_consumed = min(batches * self.batch_size, self.rank_record_count - self._start)
         samples_consumed = as_int(samples_consumed, "samples_consumed")
         remaining = self.rank_record_count - self._start
         whole_batches = samples_consumed % self.batch_size == 0 or samples_consumed == remaining
@@ -485,9 +589,106 @@ class RecordStream(EpochPosition, IterableDataset):
                 f"(damaged records skipped included), at most the {len(self)} batches this rank has left this epoch"
             )
         consumed = min(self._start + samples_consumed, self._largest_rank_record_count)
-        return {**self._settings(), "epoch": self.epoch, "samples_consumed": consumed}
+        return {**state, "samples_consumed": consumed}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue `state`'s epoch right after the samples it counts (any number of workers, same world size)."""
-        self.epoch, consumed = check_resume_state(state, self._settings(), self._largest_rank_record_count)
-        self._start = min(consumed, self.rank_record_count)  # ranks with one record fewer finished a batch earlier
+        """Continue `state`'s epoch right after the samples it counts: at the same world size, the same order on;
+        at another, a new stage over what every rank left. A worker's state (see `state_dict`) resumes only that
+        worker, in a loader of as many workers at the same world size; a `StatefulDataLoader`'s whole
+        ``state_dict()`` (any rank's) resumes this rank at any world size and number of workers."""
+        if is_loader_state(state):
+            state = self._rank_state(dataset_states(state))
+        check_version(state, self.dataset_version, "RecordStream")
+        epoch, consumed = check_resume_state(state, self._settings(), self.record_count)
+        earlier = self._saved_stages(state)
+        saved_world_size = as_int(state.get("world_size"), "saved world_size")
+        if saved_world_size < 1:
+            raise VarstoreError(f"saved world_size is {saved_world_size}; it must be at least 1")
+        length = self.record_count - self._consumed_before(earlier)
+        if consumed > -(-length // saved_world_size):
+            raise VarstoreError(
+                f"saved samples_consumed is {consumed}, more than a rank's share of the {length} records its stage "
+                f"dealt to {saved_world_size} ranks"
+            )
+        progress = self._saved_worker_progress(state, saved_world_size)
+        self.epoch, self._worker_resume, self._worker_progress = epoch, progress, progress
+        if saved_world_size == self.world_size:
+            self._earlier, self._length = earlier, length
+            self._start = min(consumed, self.rank_record_count)  # ranks with one record fewer finished a batch earlier
+        else:  # a stage that consumed nothing leaves its sequence whole: the new world size deals it out itself
+            self._earlier = earlier + [(saved_world_size, consumed)] if consumed else earlier
+            self._length = self.record_count - self._consumed_before(self._earlier)
+            self._start = 0
+
+    def _rank_state(self, states: list[Any]) -> dict[str, Any]:
+        """The rank's state made of its loader's worker states: what they share, with the batches they yielded
+        (each of `batch_size` records, the last of the rank's share maybe short) added to the count."""
+        for state in states:
+            if not isinstance(state, dict) or state.get("kind") != "RecordStream":
+                raise VarstoreError(
+                    f"the StatefulDataLoader state holds a dataset state {state!r}, not a RecordStream's"
+                )
+        progress = {"worker", "workers", "worker_batches", "batch_size"}
+        shared = [{key: value for key, value in state.items() if key not in progress} for state in states]
+        if any(state != shared[0] for state in shared):
+            raise VarstoreError(f"the StatefulDataLoader's worker states disagree on where the epoch stood: {states}")
+        batches = [
+            (as_int(state["worker_batches"], "saved worker_batches"), as_int(state["batch_size"], "saved batch_size"))
+            for state in states if "worker_batches" in state
+        ]
+        rank_state = shared[0]
+        if batches:
+            world_size = as_int(rank_state.get("world_size"), "saved world_size")
+            length = self.record_count - self._consumed_before(self._saved_stages(rank_state))
+            read = sum(count * batch_size for count, batch_size in batches)
+            consumed = as_int(rank_state["samples_consumed"], "saved samples_consumed") + read
+            rank_state["samples_consumed"] = min(consumed, -(-length // max(world_size, 1)))
+        return rank_state
+
+    def _consumed_before(self, stages: list[tuple[int, int]]) -> int:
+        """Records the `stages` took, each from what the ones before it left."""
+        length = self.record_count
+        for world_size, consumed in stages:
+            length -= _stage_consumed(length, world_size, consumed)
+        return self.record_count - length
+
+    def _saved_stages(self, state: dict[str, Any]) -> list[tuple[int, int]]:
+        """The saved state's earlier stages, checked (a state from before stages were saved has none)."""
+        stages = state.get("earlier_stages", [])
+        if not isinstance(stages, list):
+            raise VarstoreError(
+                f"saved earlier_stages must be a list of [world_size, samples_consumed], not {stages!r}"
+            )
+        checked = []
+        for stage in stages:
+            if not isinstance(stage, (list, tuple)) or len(stage) != 2:
+                raise VarstoreError(f"a saved earlier stage must be [world_size, samples_consumed], not {stage!r}")
+            world_size = as_int(stage[0], "a saved stage's world_size")
+            consumed = as_int(stage[1], "a saved stage's samples_consumed")
+            if world_size < 1 or consumed < 1:
+                raise VarstoreError(
+                    f"a saved earlier stage needs a world_size and samples_consumed of at least 1, not {stage!r}"
+                )
+            checked.append((world_size, consumed))
+        return checked
+
+    def _saved_worker_progress(self, state: dict[str, Any], saved_world_size: int) -> tuple[int, int, int] | None:
+        """A worker's own progress in `state`, checked to belong to this worker of a loader like the one it ran in."""
+        if "worker_batches" not in state:
+            return None
+        worker, workers = as_int(state.get("worker"), "saved worker"), as_int(state.get("workers"), "saved workers")
+        batches = as_int(state["worker_batches"], "saved worker_batches")
+        batch_size = as_int(state.get("batch_size"), "saved batch_size")
+        if batches < 0:
+            raise VarstoreError(f"saved worker_batches is {batches}; it cannot be negative")
+        info = get_worker_info()
+        here = (info.id, info.num_workers) if info is not None else None
+        if (here, saved_world_size, batch_size) != ((worker, workers), self.world_size, self.batch_size):
+            where = f"worker {here[0]} of {here[1]}" if here else "the main process"
+            raise VarstoreError(
+                f"this RecordStream state is DataLoader worker {worker}'s of {workers} at world size "
+                f"{saved_world_size}, batch size {batch_size}, loaded in {where} at world size {self.world_size}, "
+                f"batch size {self.batch_size}: a worker's state resumes that worker only, in a StatefulDataLoader "
+                "like its own; to resume otherwise, give load_state_dict the loader's whole state_dict()"
+            )
+        return worker, workers, batches
