@@ -12,13 +12,13 @@ from typing import NoReturn
 
 from .._version import __version__
 from ..errors import FAILURE_EXIT_CODE, USAGE_EXIT_CODE, CommandError, RecordIndexError, VarstoreError
-from . import convert, cp, dump, info, merge, repair, stats, verify
+from . import convert, cp, dump, importing, info, merge, repair, stats, verify
 from .dump import join_negative_range
 from .output import discard_standard_output, one_line, writing_to_standard_output
 
 _INTERRUPTED_EXIT_CODE = 130
 _BROKEN_PIPE_EXIT_CODE = 141
-_COMMANDS = (info, dump, verify, repair, stats, convert, merge, cp)
+_COMMANDS = (info, dump, verify, repair, stats, convert, importing, merge, cp)
 
 
 class _OneLineErrorParser(argparse.ArgumentParser):

@@ -17,6 +17,19 @@ TEMP_MARK = ".varstore-tmp-"
 _SHARD_FILE_SUFFIXES = (".index.checksums", ".index", ".data")
 # link() refusals that mean "this filesystem has no hard links here", not "the name is taken".
 _NO_HARD_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EMLINK, errno.ENOSYS}
+# ... and, for linking a file the caller only reads (another user's, say), the refusal to link what we do not own.
+_NO_LINK_TO_SOURCE = _NO_HARD_LINKS | {errno.EACCES}
+
+
+def hard_link(source: str, destination: str) -> bool:
+    """Hard-link `source` as `destination`; False where these filesystems allow no link (the caller copies)."""
+    try:
+        os.link(source, destination, follow_symlinks=True)
+        return True
+    except OSError as error:
+        if error.errno not in _NO_LINK_TO_SOURCE:
+            raise
+        return False
 
 
 def temporary_path(final_path: str) -> str:

@@ -11,7 +11,6 @@ URL at once must be kept apart by the user; the create-only manifest write refus
 
 from __future__ import annotations
 
-import errno
 import os
 from typing import Any
 
@@ -23,6 +22,7 @@ from ..local.locks import LOCK_SUFFIX, WriterLock, lock_directory
 from ..local.manifest_file import commit_manifest_file
 from ..local.publish import (
     fsync_directory,
+    hard_link,
     make_directories,
     publish,
     remove_quietly,
@@ -35,8 +35,6 @@ from ..progress import Advance
 from ..remote.filesystems import is_url, list_sizes, upload_file, upload_manifest_bytes, with_retries
 from .locations import filesystem
 
-# Errors with which os.link says "not here" rather than "something is wrong": copy instead.
-_LINK_IMPOSSIBLE = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EACCES}
 _COPY_CHUNK_BYTES = 8 << 20
 
 
@@ -67,12 +65,11 @@ def link_or_copy(source: str, destination: str, copy: bool, progress: Advance) -
     """Bring one file to `destination`; True if it was hard-linked, False if copied."""
     if not copy:
         try:
-            os.link(source, destination, follow_symlinks=True)
-            progress(os.path.getsize(destination))
-            return True
+            if hard_link(source, destination):
+                progress(os.path.getsize(destination))
+                return True
         except OSError as error:
-            if error.errno not in _LINK_IMPOSSIBLE:
-                raise StorageError(f"linking {source} failed: {error.strerror or error}", path=destination) from None
+            raise StorageError(f"linking {source} failed: {error.strerror or error}", path=destination) from None
     copy_file(source, destination, progress)
     return False
 
