@@ -6,12 +6,16 @@ Usage (from the repository root, with the development environment):
     .venv/bin/python tools/mutation_probe.py --budget 600 varstore/torch/sampler.py
     .venv/bin/python tools/mutation_probe.py --list varstore/format/header.py   # show the mutants, run nothing
     .venv/bin/python tools/mutation_probe.py --only varstore/shard/reader.py:17  # rerun one mutant by number
+    .venv/bin/python tools/mutation_probe.py --only varstore/shard/reader.py:17 --tests tests/test_x.py  # other tests
     .venv/bin/python tools/mutation_probe.py > run.log; ...add tests...; \
         .venv/bin/python tools/mutation_probe.py --rerun run.log      # did the new tests kill the survivors?
 
 Mutants (AST based, one at a time): a comparison operator flipped (< <=, > >=, == !=, in / not in,
 is / is not), an integer constant moved by +1 or -1, `and` swapped with `or`, `+` swapped with `-`, and a
-statement dropped (a bare call, a `raise`, or an `if` whose body raises).
+statement dropped (a bare call, a `raise`, or an `if` whose body raises). In the C extension
+(varstore/_speedups.c) the same flips, constants and `&&`/`||`, `+`/`-` swaps are planted token by token in the
+functions of its read and CRC paths (C_FUNCTIONS), and the copy's extension is rebuilt for each mutant (one
+that does not compile is reported "unbuilt" and not counted).
 
 The probe never touches the working tree: it copies a committed tree (`git archive HEAD`, or --commit REV, or
 the working tree with --worktree) to a scratch directory, writes each mutant into that copy and runs the
@@ -32,19 +36,22 @@ import argparse
 import ast
 import copy
 import random
+import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = ROOT / ".venv" / "bin" / "python"
 
-# The fast tests that should notice a bug in each module (run with -x: the first failure kills a mutant).
+# The fast tests that should notice a bug in each module (run with -x: the first failure kills a mutant); an entry
+# starting with "-" is a pytest option.
 MODULE_TESTS = {
     "varstore/format/header.py": ["tests/test_spec_vectors.py", "tests/test_boundaries.py", "tests/test_reader.py",
                                   "tests/test_corruption.py", "tests/test_roundtrip.py"],
@@ -63,17 +70,39 @@ MODULE_TESTS = {
     "varstore/local/manifest_file.py": ["tests/test_sharded.py", "tests/test_resume.py", "tests/test_manifest_rules.py"],
     "varstore/torch/sampler.py": ["tests/test_torch_sampler.py", "tests/test_boundaries.py"],
     "varstore/torch/token_windows.py": ["tests/test_torch_token_windows.py", "tests/test_boundaries.py"],
-    # Round 2's modules (object storage, engines' parts, the journal, streams), with their fastest test files.
-    "varstore/remote/filesystems.py": ["tests/test_remote_filesystems.py"],
-    "varstore/remote/cache.py": ["tests/test_remote_cache.py"],
-    "varstore/dataset/remote_source.py": ["tests/test_remote_open.py"],
-    "varstore/dataset/parts.py": ["tests/test_parts.py"],
-    "varstore/local/journal.py": ["tests/test_journal_line_checksums.py", "tests/test_resume.py"],
+    # Round 2's modules (object storage, engines' parts, the journal, locks, streams), with their fast test files.
+    "varstore/remote/filesystems.py": ["tests/test_remote_filesystems.py", "tests/test_remote_faults.py"],
+    "varstore/remote/cache.py": ["tests/test_remote_cache.py", "tests/test_remote_cache_keys.py",
+                                 "tests/test_blind_spots_remote.py"],
+    "varstore/remote/location.py": ["tests/test_remote_open.py", "tests/test_remote_filesystems.py"],
+    "varstore/remote/transport.py": ["tests/test_remote_faults.py", "tests/test_remote_filesystems.py"],
+    "varstore/shard/remote_shard.py": ["tests/test_remote_reader.py", "tests/test_remote_attacks.py"],
+    "varstore/dataset/remote_source.py": ["tests/test_remote_open.py", "tests/test_remote_open_attacks.py",
+                                          "tests/test_blind_spots_remote.py"],
+    "varstore/dataset/remote_target.py": ["tests/test_remote_writer.py"],
+    "varstore/dataset/parts.py": ["tests/test_parts.py", "tests/test_blind_spots_parts.py"],
+    "varstore/local/journal.py": ["tests/test_journal_line_checksums.py", "tests/test_resume.py",
+                                  "tests/test_blind_spots_journal.py"],
+    "varstore/local/locks.py": ["tests/test_lock_files.py", "tests/test_blind_spots_locks.py"],
+    "varstore/torch/blended.py": ["tests/test_torch_blended.py", "tests/test_blend_weight_bounds.py",
+                                  "tests/test_blind_spots_torch.py"],
     "varstore/torch/permutation.py": ["tests/test_torch_block_sampler.py", "tests/test_torch_sampler.py"],
-    "varstore/torch/stream.py": ["tests/test_torch_stream.py"],
+    "varstore/torch/stream.py": ["tests/test_torch_stream.py", "tests/test_blind_spots_torch.py"],
+    "varstore/torch/prefetch.py": ["tests/test_blind_spots_torch.py", "tests/test_torch_stream.py",
+                                   "tests/test_page_cache_probe.py"],
+    "varstore/_speedups.c": ["tests/test_speedups.py", "tests/test_speedups_attacks.py", "tests/test_corruption.py",
+                             "tests/test_reader.py", ("--deselect=tests/test_speedups_attacks.py::"  # needs setup.py
+                                                      "test_a_wheel_built_without_a_compiler_installs_and_runs_pure_python")],
 }
+C_EXTENSION = "varstore/_speedups.c"
+# The extension's read and CRC paths: the functions whose tokens C mutants change.
+C_FUNCTIONS = ("crc_tables_init", "crc_software", "crc_hardware", "crc32c_of", "checksum_ranges", "crc32c_ranges",
+               "crc32c_each", "slicer_init", "slice_record", "resolve", "slicer_get", "gather_positions",
+               "slicer_get_batch", "software_crc32c")
 DEFAULT_BUDGET_SECONDS = 35 * 60
-TEST_TIMEOUT_SECONDS = 30  # per test: a mutant that makes a loop endless is killed after this (no fast test nears it)
+# Per test: a mutant that makes a loop endless is killed after this. Generous: on a loaded machine (load 20 on 2 cores)
+# remote tests took over 30 s, and pytest-timeout's thread method then ends the whole run, which read as a kill.
+TEST_TIMEOUT_SECONDS = 120
 RUN_TIMEOUT_SECONDS = 300  # per mutant, all its tests
 SEED = 9
 
@@ -168,6 +197,59 @@ def mutants(module: str, source: str) -> list[Mutant]:
     return found
 
 
+# Longest first, so that `<<`, `->`, `++`, `+=` ... are read as one token and left alone.
+_C_TOKEN = re.compile(r"<<=|>>=|<<|>>|->|\+\+|--|\+=|-=|<=|>=|==|!=|&&|\|\||[<>+-]"
+                      r"|\b(?:0[xX][0-9a-fA-F]+|[0-9]+)(?:[uUlL]*)\b")
+_C_FLIPS = {"<": "<=", "<=": "<", ">": ">=", ">=": ">", "==": "!=", "!=": "==", "&&": "||", "||": "&&", "+": "-",
+            "-": "+"}
+_C_NOT_CODE = re.compile(r"/\*.*?\*/|//[^\n]*|\"(?:\\.|[^\"\\])*\"|'(?:\\.|[^'\\])*'|^[ \t]*#[^\n]*",
+                         re.DOTALL | re.MULTILINE)
+
+
+def _c_function_spans(source: str) -> list[tuple[int, int]]:
+    """(start, end) offsets of the bodies of the C_FUNCTIONS in `source`: from the name to the `}` closing at column 0."""
+    spans = []
+    for name in C_FUNCTIONS:
+        found = re.search(rf"^[^\n;]*\b{name}\(.*?^}}", source, re.DOTALL | re.MULTILINE)
+        if found is None:
+            raise SystemExit(f"{C_EXTENSION}: no function {name} (C_FUNCTIONS is out of date)")
+        spans.append(found.span())
+    return spans
+
+
+def c_mutants(module: str, source: str) -> list[Mutant]:
+    """Every token mutant of the C_FUNCTIONS of `source`, numbered in source order."""
+    code = _C_NOT_CODE.sub(lambda match: re.sub(r"[^\n]", " ", match.group()), source)  # comments, strings blanked
+    found = []
+    for start, end in sorted(_c_function_spans(code)):
+        for token in _C_TOKEN.finditer(code, start, end):
+            text = token.group()
+            if text in _C_FLIPS:
+                kind, replacements = ("boolop" if text in ("&&", "||") else "addsub" if text in "+-" else "compare",
+                                      [_C_FLIPS[text]])
+            elif text[0].isdigit():
+                digits = text.rstrip("uUlL")
+                value, suffix = int(digits, 0), text[len(digits):]
+                as_text = hex if digits[:2].lower() == "0x" else str
+                kind, replacements = "int", [as_text(value + 1) + suffix] + ([as_text(value - 1) + suffix] if value else [])
+            else:
+                continue
+            line = source.count("\n", 0, token.start()) + 1
+            for replacement in replacements:
+                mutated = source[:token.start()] + replacement + source[token.end():]
+                description = f"{kind} `{text}` -> `{replacement}` in `{source.splitlines()[line - 1].strip()[:70]}`"
+                found.append(Mutant(module, len(found), line, description, mutated))
+    return found
+
+
+def build_extension(scratch: Path) -> bool:
+    """Compile the copy's C extension in place (as setup.py does, -O3); False if it does not compile."""
+    command = [*sysconfig.get_config_var("CC").split(), "-O3", "-DNDEBUG", "-fwrapv", "-fPIC", "-shared",
+               f"-I{sysconfig.get_paths()['include']}", str(scratch / C_EXTENSION), "-o",
+               str(scratch / "varstore" / f"_speedups{sysconfig.get_config_var('EXT_SUFFIX')}")]
+    return subprocess.run(command, capture_output=True, check=False).returncode == 0
+
+
 def _committed_source(commit: str, module: str, worktree: bool) -> str:
     if worktree:
         return (ROOT / module).read_text()
@@ -192,19 +274,22 @@ def prepare_copy(commit: str, worktree: bool) -> Path:
     return scratch
 
 
-def run_tests(scratch: Path, tests: list[str], timeout: float) -> tuple[str, float]:
-    """("passed" | "failed" | "timeout", seconds) for `tests` run in `scratch`, all within `timeout` seconds."""
-    tests = [test for test in tests if (scratch / test).exists()]
+def run_tests(scratch: Path, tests: list[str], timeout: float) -> tuple[str, float, str]:
+    """("passed" | "failed" | "timeout", seconds, pytest's summary line or the failure) for `tests` run in
+    `scratch`, all within `timeout` seconds."""
+    tests = [test for test in tests if test.startswith("-") or (scratch / test.split("::")[0]).exists()]
     command = [str(PYTHON), "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
                f"--timeout={TEST_TIMEOUT_SECONDS}", "-o", "addopts=", *tests]
     started = time.monotonic()
     try:
         completed = subprocess.run(command, cwd=scratch, env={"PYTHONPATH": str(scratch), "PATH": "/usr/bin:/bin",
                                                               "HYPOTHESIS_PROFILE": "ci", "PYTHONDONTWRITEBYTECODE": "1"},
-                                   capture_output=True, timeout=timeout + 30)
+                                   capture_output=True, timeout=timeout + 30, check=False)
     except subprocess.TimeoutExpired:
-        return "timeout", time.monotonic() - started
-    return ("passed" if completed.returncode == 0 else "failed"), time.monotonic() - started
+        return "timeout", time.monotonic() - started, ""
+    output = completed.stdout.decode(errors="replace").splitlines()
+    summary = [line for line in output if line.startswith(("FAILED", "ERROR", "Timeout"))] or output[-1:]
+    return ("passed" if completed.returncode == 0 else "failed"), time.monotonic() - started, "; ".join(summary)
 
 
 def survivors_in_log(log: Path) -> dict[str, set[str]]:
@@ -218,19 +303,20 @@ def survivors_in_log(log: Path) -> dict[str, set[str]]:
 
 
 def probe(scratch: Path, module: str, budget: float, only: list[int] | None,
-          descriptions: set[str] | None = None) -> tuple[int, int, list[Mutant]]:
+          descriptions: set[str] | None = None, tests: list[str] | None = None) -> tuple[int, int, list[Mutant]]:
     """(tried, killed, survivors) for mutants of `module` until `budget` seconds are spent; only those
-    numbered `only`, or described as in `descriptions`, if given."""
+    numbered `only`, or described as in `descriptions`, if given; against `tests` (default: MODULE_TESTS's)."""
     path = scratch / module
     original = path.read_text()
-    candidates = mutants(module, original)
+    is_c = module.endswith(".c")
+    candidates = (c_mutants if is_c else mutants)(module, original)
     if only is not None:
         candidates = [candidates[number] for number in only]
     elif descriptions is not None:
         candidates = [mutant for mutant in candidates if mutant.description in descriptions]
     else:
         random.Random(f"{SEED}:{module}").shuffle(candidates)
-    tests = MODULE_TESTS[module]
+    tests = tests or MODULE_TESTS[module]
     deadline = time.monotonic() + budget
     tried, killed, survivors = 0, 0, []
     try:
@@ -238,7 +324,10 @@ def probe(scratch: Path, module: str, budget: float, only: list[int] | None,
             if time.monotonic() > deadline:
                 break
             path.write_text(mutant.source)
-            outcome, seconds = run_tests(scratch, tests, RUN_TIMEOUT_SECONDS)
+            if is_c and not build_extension(scratch):
+                print(f"  {module}:{mutant.number} line {mutant.line}: unbuilt   {mutant.description}", flush=True)
+                continue
+            outcome, seconds, _ = run_tests(scratch, tests, RUN_TIMEOUT_SECONDS)
             tried += 1
             if outcome == "passed":
                 survivors.append(mutant)
@@ -248,6 +337,8 @@ def probe(scratch: Path, module: str, budget: float, only: list[int] | None,
                   flush=True)
     finally:
         path.write_text(original)
+        if is_c and not build_extension(scratch):
+            raise SystemExit(f"{C_EXTENSION}: the unmutated source no longer compiles in the copy")
     print(f"{module}: {len(candidates)} mutants, tried {tried}, killed {killed}, survived {len(survivors)}", flush=True)
     return tried, killed, survivors
 
@@ -260,6 +351,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--worktree", action="store_true", help="copy the working tree instead of a commit")
     parser.add_argument("--list", action="store_true", help="list the mutants and run nothing")
     parser.add_argument("--only", help="MODULE:NUMBER[,NUMBER...], the mutants to run")
+    parser.add_argument("--tests", nargs="+", help="test files to run instead of the module's (MODULE_TESTS), e.g. "
+                        "to find which file kills a survivor")
     parser.add_argument("--rerun", type=Path, help="the saved output of a run: rerun only its survivors (same change, "
                         "found by description, so the module may have moved on)")
     arguments = parser.parse_args(argv)
@@ -269,7 +362,8 @@ def main(argv: list[str]) -> int:
         arguments.modules, only = [module], [int(number) for number in numbers.split(",")]
     if arguments.list:
         for module in arguments.modules:
-            for mutant in mutants(module, _committed_source(arguments.commit, module, arguments.worktree)):
+            source = _committed_source(arguments.commit, module, arguments.worktree)
+            for mutant in (c_mutants if module.endswith(".c") else mutants)(module, source):
                 print(f"{module}:{mutant.number} line {mutant.line}: {mutant.description}")
         return 0
     rerun = survivors_in_log(arguments.rerun) if arguments.rerun else None
@@ -277,16 +371,20 @@ def main(argv: list[str]) -> int:
         arguments.modules = [module for module in arguments.modules if module in rerun]
     scratch = prepare_copy(arguments.commit, arguments.worktree)
     try:
-        baseline_tests = sorted({test for module in arguments.modules for test in MODULE_TESTS[module]})
-        outcome, seconds = run_tests(scratch, baseline_tests, RUN_TIMEOUT_SECONDS * 2)
-        print(f"baseline (unmutated) {outcome} in {seconds:.0f}s", flush=True)
+        if C_EXTENSION in arguments.modules and not build_extension(scratch):
+            print(f"baseline: {C_EXTENSION} does not compile", flush=True)
+            return 2
+        baseline_tests = arguments.tests or sorted({test for module in arguments.modules for test in MODULE_TESTS[module]})
+        outcome, seconds, failures = run_tests(scratch, baseline_tests, RUN_TIMEOUT_SECONDS * max(2, len(baseline_tests)))
+        print(f"baseline (unmutated) {outcome} in {seconds:.0f}s {failures}", flush=True)
         if outcome != "passed":
             return 2
         deadline = time.monotonic() + arguments.budget - seconds
         totals, survivors = [0, 0], []
         for position, module in enumerate(arguments.modules):
             share = max(0.0, deadline - time.monotonic()) / (len(arguments.modules) - position)
-            tried, killed, survived = probe(scratch, module, share, only, rerun[module] if rerun else None)
+            tried, killed, survived = probe(scratch, module, share, only, rerun[module] if rerun else None,
+                                            arguments.tests)
             totals[0] += tried
             totals[1] += killed
             survivors += survived
