@@ -151,3 +151,11 @@ def test_a_gloo_checkpoint_of_2_ranks_resumes_at_3_ranks_with_every_record_once(
         stream.load_state_dict(by_rank[rank % GLOO_RANKS]["state"])
         read += [record for batch in delivered(stream, 1) for record in batch]
     assert sorted(read) == list(range(RECORDS))
+
+
+@given(st.integers(0, 10**6), st.integers(1, 5000), st.integers(0, 10**4))
+def test_a_stages_consumed_count_in_closed_form_equals_the_sum_over_its_ranks_shares(length, world_size, consumed):
+    from varstore.torch.stream import _part, _stage_consumed
+
+    assert _stage_consumed(length, world_size, consumed) == sum(
+        min(consumed, _part(length, world_size, rank)[1]) for rank in range(world_size))

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..conversion.driver import run_conversion
 from ..conversion.sources import FORMAT_OPTIONS, SOURCE_OPTIONS
-from ..errors import CommandError, ShardExistsError
+from ..errors import CommandError, ShardExistsError, UsageError
 from ..format.compression import CHOICES, DICTIONARY_LEVEL_BONUS, MAX_LEVEL, MIN_LEVEL
 from ..local.file_url import resolve_file_url
 from ..operations.locations import is_url
@@ -123,7 +123,7 @@ def add_parser(commands: Any) -> None:
                         help="store each record as a zstd frame: zstd, zstd-dict (with a dictionary trained on each "
                         "shard's first records), or auto (measured on those records: none, zstd or zstd-dict); "
                         "needs the zstd extra (default none)")
-    parser.add_argument("--compression-level", type=positive_int, default=3, metavar="N",
+    parser.add_argument("--compression-level", type=positive_int, metavar="N",
                         help=f"the zstd level, {MIN_LEVEL} to {MAX_LEVEL} (default 3; a shard with a dictionary is compressed "
                         f"{DICTIONARY_LEVEL_BONUS} levels higher, at most {MAX_LEVEL})")
     parser.add_argument("--metadata", type=json_object, metavar="JSON", help="user metadata, a JSON object")
@@ -145,6 +145,8 @@ _EXISTING_DATASET = "a dataset, or the shards of an interrupted writer, is alrea
 
 def run(args: argparse.Namespace) -> int:
     check_location_options(args, args.destination)
+    if args.compression_level is not None and args.compression == "none":
+        raise UsageError("--compression-level applies to compressed shards: give --compression zstd, zstd-dict or auto")
     started = time.perf_counter()
     try:
         conversion = run_conversion(
@@ -153,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
             max_shard_records=args.max_shard_records, allow_other_files=args.allow_other_files,
             storage_options=args.storage_options if is_url(args.destination) else None,
             compression=None if args.compression == "none" else args.compression,
-            compression_level=args.compression_level, progress=partial(progress_bar, description="convert", quiet=args.quiet),
+            compression_level=3 if args.compression_level is None else args.compression_level, progress=partial(progress_bar, description="convert", quiet=args.quiet),
         )
     except ShardExistsError as error:  # convert always starts again (it has no resume): say so in the command's words
         raise CommandError(f"{error.path}: {_EXISTING_DATASET}") from None

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +31,7 @@ import numpy as np
 from ..dataset.opening import open as open_store
 from ..dataset.reader import ShardedReader
 from ..dataset.writer import write_manifest
-from ..errors import CommandError, FormatError, MissingFileError
+from ..errors import CommandError, FormatError, MissingFileError, RecordTypeError, StorageError
 from ..format import header as fmt
 from ..format.checksum import crc32c, crc32c_of_ranges
 from ..format.codecs import make_codec
@@ -61,6 +62,7 @@ CODES = {np.dtype(name): code for code, name in DTYPES.items()}
 SHARD_NAME = "shard-000000"
 DOCUMENTS_SHARD_NAME = "megatron-document-indices"
 ONE_PER_SEQUENCE = "one per sequence"
+_MAX_SEQUENCE_LENGTH = 2**31 - 1  # the .idx's sequence lengths are int32
 _CRC_CHUNK_BYTES = 16 << 20  # the one pass of `checksums=True` checksums whole records, about this many bytes a step
 
 
@@ -173,8 +175,7 @@ def import_megatron(prefix: str | os.PathLike[str], destination: str | os.PathLi
     bin_path, idx_path = prefix + ".bin", prefix + ".idx"
     directory = resolve_file_url(destination)
     for path in (bin_path, idx_path):
-        if not os.path.isfile(path):
-            raise MissingFileError("does not exist: a Megatron dataset is PREFIX.bin and PREFIX.idx", path=path)
+        _check_regular_file(path)
     with removed_if_created_and_failed(directory):
         make_directories(directory)
         check_destination(directory, command="import megatron", keeps_dataset=False, allow_other_files=False)
@@ -184,16 +185,17 @@ def import_megatron(prefix: str | os.PathLike[str], destination: str | os.PathLi
             np.array_equal(document_indices, np.arange(len(document_indices))))
         megatron = {"documents": len(document_indices) - 1,
                     "document_indices": ONE_PER_SEQUENCE if identity else DOCUMENTS_SHARD_NAME}
-        written = [os.path.join(directory, name + suffix) for name in (DOCUMENTS_SHARD_NAME, SHARD_NAME)
-                   for suffix in (fmt.INDEX_SUFFIX, fmt.DATA_SUFFIX)]
+        written: list[str] = []  # the shards this import committed: a racing import's, refused here, are not ours
         try:
             if not identity:
                 with Writer(os.path.join(directory, DOCUMENTS_SHARD_NAME), "ndarray", dtype="<i8") as side:
                     side.append(document_indices)
+                written += fmt.shard_paths(os.path.join(directory, DOCUMENTS_SHARD_NAME))
             linked = _write_shard(os.path.join(directory, SHARD_NAME), bin_path, index, {"megatron": megatron}, checksums)
+            written += fmt.shard_paths(os.path.join(directory, SHARD_NAME))
             write_manifest(directory, [SHARD_NAME], metadata={"megatron": megatron})
         except BaseException:
-            remove_quietly(written)  # the directory held no dataset file (check_destination): these are ours
+            remove_quietly(written)
             raise
     return MegatronSummary(len(index.offsets) - 1, len(document_indices) - 1, linked)
 
@@ -298,6 +300,10 @@ def export_megatron(store: str | os.PathLike[str], prefix: str | os.PathLike[str
     for path in (bin_path, idx_path):
         if os.path.lexists(path):
             raise CommandError(f"{path}: already exists; export writes a new Megatron dataset")
+    parent = os.path.dirname(os.path.abspath(prefix))
+    if not os.path.isdir(parent):
+        raise MissingFileError("does not exist: export writes PREFIX.bin and PREFIX.idx into an existing directory",
+                               path=parent)
     opened = open_store(store)
     try:
         shard, metadata, directory = _one_shard(opened, str(store))
@@ -310,24 +316,44 @@ def export_megatron(store: str | os.PathLike[str], prefix: str | os.PathLike[str
             raise CommandError(f"{name}: is compressed; a Megatron .bin holds raw tokens: write the records to an "
                                f"uncompressed shard to export them")
         offsets = np.array(shard.offsets, np.int64)
+        lengths = np.diff(offsets) // dtype.itemsize
+        if len(lengths) and int(lengths.max()) > _MAX_SEQUENCE_LENGTH:
+            record = int(np.argmax(lengths))
+            raise RecordTypeError(f"record {record} holds {int(lengths[record])} tokens; a Megatron .idx stores "
+                                  f"sequence lengths as int32, at most {_MAX_SEQUENCE_LENGTH}", path=name)
         document_indices = _document_indices(metadata, directory, len(offsets) - 1, name)
         data_path = shard.data_path
     finally:
         opened.close()
     linked = _link_or_copy(data_path, bin_path)
+    ours = [bin_path]  # PREFIX.idx is ours once created: another process's, appearing meanwhile, is left alone
     try:
         with open(idx_path, "xb") as file:
+            ours.append(idx_path)
             file.write(_PREAMBLE.pack(MAGIC, VERSION, CODES[dtype], len(offsets) - 1, len(document_indices)))
-            file.write((np.diff(offsets) // dtype.itemsize).astype("<i4").data)
+            file.write(lengths.astype("<i4").data)
             file.write(offsets[:-1].astype("<i8").data)
             file.write(document_indices.astype("<i8").data)
             file.flush()
             os.fsync(file.fileno())
         sync_directory(os.path.dirname(os.path.abspath(idx_path)))
     except BaseException:
-        remove_quietly([bin_path, idx_path])
+        remove_quietly(ours)
         raise
     return MegatronSummary(len(offsets) - 1, len(document_indices) - 1, linked)
+
+
+def _check_regular_file(path: str) -> None:
+    """Refuse `path` unless it is a regular file (after symbolic links), saying what it is instead."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise MissingFileError("does not exist: a Megatron dataset is PREFIX.bin and PREFIX.idx", path=path) from None
+    except OSError as error:
+        raise StorageError(f"cannot be read: {error.strerror or error}", path=path) from None
+    if not stat.S_ISREG(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+        raise FormatError(f"is {kind}; a Megatron dataset is the regular files PREFIX.bin and PREFIX.idx", path=path)
 
 
 def _one_shard(opened: Any, name: str) -> tuple[Reader, dict[str, Any], str]:

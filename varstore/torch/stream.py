@@ -53,6 +53,7 @@ _BLOCKS_PURPOSE = 2
 _WINDOW_PURPOSE = 3
 # Ranged reads of one window's blocks in flight at once (a shuffled remote stream).
 _BLOCK_READS_AT_ONCE = 16
+_MAX_WORLD_SIZE = 1 << 20  # ranks of a saved state: far past any job, and a bound on the per-rank work of loading it
 
 logger = logging.getLogger("varstore.torch")
 
@@ -72,8 +73,17 @@ def _part(length: int, world_size: int, rank: int) -> tuple[int, int]:
 
 
 def _stage_consumed(length: int, world_size: int, consumed: int) -> int:
-    """Positions a stage of `length` took when each of its `world_size` ranks consumed `consumed` of its share."""
-    return sum(min(consumed, _part(length, world_size, rank)[1]) for rank in range(world_size))
+    """Positions a stage of `length` took when each of its `world_size` ranks consumed `consumed` of its share:
+    `_part`'s shares are `length // world_size` records, one more for `length % world_size` of the ranks."""
+    share, longer = divmod(length, world_size)
+    return (world_size - longer) * min(consumed, share) + longer * min(consumed, share + 1)
+
+
+def _checked_world_size(world_size: int, whose: str) -> int:
+    """`world_size` of a saved state, refused unless 1 to `_MAX_WORLD_SIZE` (the stages' maps are per rank)."""
+    if not 1 <= world_size <= _MAX_WORLD_SIZE:
+        raise VarstoreError(f"{whose} world_size is {world_size}; it must be at least 1 and at most {_MAX_WORLD_SIZE}")
+    return world_size
 
 
 class _EpochOrder:
@@ -601,9 +611,7 @@ class RecordStream(EpochPosition, IterableDataset):
         check_version(state, self.dataset_version, "RecordStream")
         epoch, consumed = check_resume_state(state, self._settings(), self.record_count)
         earlier = self._saved_stages(state)
-        saved_world_size = as_int(state.get("world_size"), "saved world_size")
-        if saved_world_size < 1:
-            raise VarstoreError(f"saved world_size is {saved_world_size}; it must be at least 1")
+        saved_world_size = _checked_world_size(as_int(state.get("world_size"), "saved world_size"), "saved")
         length = self.record_count - self._consumed_before(earlier)
         if consumed > -(-length // saved_world_size):
             raise VarstoreError(
@@ -638,11 +646,19 @@ class RecordStream(EpochPosition, IterableDataset):
         ]
         rank_state = shared[0]
         if batches:
-            world_size = as_int(rank_state.get("world_size"), "saved world_size")
+            if any(count < 0 or batch_size < 1 for count, batch_size in batches):
+                raise VarstoreError(f"the StatefulDataLoader's worker states count {batches} (batches, batch size): "
+                                    "a count cannot be negative, nor a batch size below 1")
+            world_size = _checked_world_size(as_int(rank_state.get("world_size"), "saved world_size"), "saved")
             length = self.record_count - self._consumed_before(self._saved_stages(rank_state))
+            share = -(-length // world_size)
             read = sum(count * batch_size for count, batch_size in batches)
             consumed = as_int(rank_state["samples_consumed"], "saved samples_consumed") + read
-            rank_state["samples_consumed"] = min(consumed, -(-length // max(world_size, 1)))
+            # Each worker's last batch of the share may be short: past that slack, no run saved these counts.
+            if consumed > share + sum(batch_size for _, batch_size in batches):
+                raise VarstoreError(f"the StatefulDataLoader's workers yielded {read} records after the saved "
+                                    f"{consumed - read}, more than the rank's share of {share}")
+            rank_state["samples_consumed"] = min(consumed, share)
         return rank_state
 
     def _consumed_before(self, stages: list[tuple[int, int]]) -> int:
@@ -660,15 +676,22 @@ class RecordStream(EpochPosition, IterableDataset):
                 f"saved earlier_stages must be a list of [world_size, samples_consumed], not {stages!r}"
             )
         checked = []
+        length = self.record_count
         for stage in stages:
             if not isinstance(stage, (list, tuple)) or len(stage) != 2:
                 raise VarstoreError(f"a saved earlier stage must be [world_size, samples_consumed], not {stage!r}")
-            world_size = as_int(stage[0], "a saved stage's world_size")
+            world_size = _checked_world_size(as_int(stage[0], "a saved stage's world_size"), "a saved stage's")
             consumed = as_int(stage[1], "a saved stage's samples_consumed")
-            if world_size < 1 or consumed < 1:
+            if consumed < 1:
                 raise VarstoreError(
                     f"a saved earlier stage needs a world_size and samples_consumed of at least 1, not {stage!r}"
                 )
+            if consumed > -(-length // world_size):  # no run consumes past a rank's share: the epoch would be over
+                raise VarstoreError(
+                    f"a saved earlier stage {stage!r} consumed more than a rank's share of the {length} records its "
+                    "stage had: the state is not one a run saved"
+                )
+            length -= _stage_consumed(length, world_size, consumed)
             checked.append((world_size, consumed))
         return checked
 
