@@ -453,3 +453,22 @@ def test_a_permanent_http_status_is_not_retried(proxied: dict[str, Any]) -> None
     with pytest.raises(StorageError):
         read_range(fs, path, 100, 110, url=url, size=len(DATA), sleep=SleepRecorder())
     assert len(gets(proxy, f"/{proxied['bucket']}/object")) == 1
+
+
+@pytest.mark.timeout(120)
+def test_an_index_damaged_at_rest_is_downloaded_the_bounded_number_of_times_then_refused(
+    dataset: dict[str, Any], s3_server: Any
+) -> None:
+    """The index's bytes fail the manifest's CRC32C at every download (stored damaged, with a botocore checksum of
+    the damaged bytes): each of the DEFAULT_ATTEMPTS downloads is made, no more, no fewer, then the read fails."""
+    direct, root = open_filesystem(dataset["ds"], s3_server.storage_options)
+    upload(direct, root, dataset["local"])
+    index = (dataset["local"] / "shard-000001.index").read_bytes()
+    direct.pipe_file(f"{root}/shard-000001.index", index[:-1] + bytes([index[-1] ^ 1]))
+    proxy = dataset["proxy"]
+    proxy.clear_counters()
+    reader = varstore.ShardedReader(dataset["ds"], storage_options=dataset["options"])
+    with pytest.raises(varstore.VarstoreError, match=f"downloaded {ATTEMPTS} times"):
+        reader[25]
+    whole = [record for record in gets(proxy, f"/{dataset['bucket']}/ds/shard-000001.index") if record.range is None]
+    assert len(whole) == ATTEMPTS

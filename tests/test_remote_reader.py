@@ -665,3 +665,18 @@ def test_a_reader_of_a_node_whose_cache_holds_a_shard_reads_that_copy_without_a_
     assert list(second) == records
     assert len(s3_server.requests(bucket, method="GET")) == opened  # the reads: no request at all
     assert opened - before == 1 + 1  # the open: whether a manifest is there, and the manifest
+
+
+def test_iterating_a_remote_shard_reads_a_record_larger_than_a_scan_request_whole(
+    s3_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scan fetches runs of records of at most `_SCAN_BYTES`, or one record if it is larger: every record comes
+    back once, in order (a run that could hold no record would never advance)."""
+    from varstore.shard import remote_shard
+
+    monkeypatch.setattr(remote_shard, "_SCAN_BYTES", 1000)
+    records = ["a" * 10, "b" * 5000, "c" * 10, "d" * 999, "e" * 1001, "f"]
+    url = upload(s3_server, write_local(tmp_path / "local", records, shard_records=len(records)), f"s3://{s3_server.new_bucket()}/ds")
+    reader = varstore.ShardedReader(url, storage_options=s3_server.storage_options, cache_limit=1)
+    assert list(reader) == records
+    assert reader[0:6] == records
