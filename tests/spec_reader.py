@@ -27,6 +27,7 @@ import os
 import re
 import stat
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,9 +99,8 @@ def crc32c_combine(crc_a: int, crc_b: int, length_b: int) -> int:
 STRUCTURE_COSTS = {"{": 144, "[": 80, ":": 48, ",": 8}  # §1.4's memory rule, per character outside strings
 
 
-def json_structure_cost(text: str) -> int:
-    """§1.4's cost of a JSON text: 144 per `{`, 80 per `[`, 48 per `:`, 8 per `,`, outside strings."""
-    cost = 0
+def _outside_strings(text: str) -> Iterator[str]:
+    """The characters of a JSON text that lie outside its strings (quotes included, escapes honoured)."""
     in_string = escaped = False
     for char in text:
         if in_string:
@@ -113,25 +113,19 @@ def json_structure_cost(text: str) -> int:
         elif char == '"':
             in_string = True
         else:
-            cost += STRUCTURE_COSTS.get(char, 0)
-    return cost
+            yield char
+
+
+def json_structure_cost(text: str) -> int:
+    """§1.4's cost of a JSON text: 144 per `{`, 80 per `[`, 48 per `:`, 8 per `,`, outside strings."""
+    return sum(STRUCTURE_COSTS.get(char, 0) for char in _outside_strings(text))
 
 
 def json_depth(text: str) -> int:
     """How deep arrays and objects nest, counting brackets outside strings, without parsing."""
     depth = deepest = 0
-    in_string = escaped = False
-    for char in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "[{":
+    for char in _outside_strings(text):
+        if char in "[{":
             depth += 1
             deepest = max(deepest, depth)
         elif char in "]}":
