@@ -142,6 +142,7 @@ class ShardedReader(ReaderBase):
         self._max_open = max_open_shards()
         self._lock = threading.Lock()
         self._opening: dict[int, threading.Lock] = {}
+        self._whole_at_first_read = False
         self._closed = False
 
     def _read_consistent_manifest(self) -> tuple[Manifest, Codec, dict[int, VarstoreError]]:
@@ -221,7 +222,7 @@ class ShardedReader(ReaderBase):
                 raise ClosedError("the reader is closed", path=self.path)
             reader = self._readers.get(position)
             if reader is None:
-                reader = self._open_shard(position, whole)
+                reader = self._open_shard(position, whole or self._whole_at_first_read)
                 with self._lock:
                     if self._closed:  # closed while this shard opened
                         reader.close()
@@ -257,6 +258,13 @@ class ShardedReader(ReaderBase):
         """Bring shard `position` whole into the node cache (a remote dataset; nothing for a local one): its
         reads then use the local copy. Thread-safe, for a prefetching thread ahead of a stream."""
         self._source.fetch_shard(self.shard(position, whole=True))
+
+    def read_shards_whole(self) -> None:
+        """From now on, fetch each shard whole into the node cache when it opens, if the dataset is remote and the
+        cache can hold all of it (else nothing): for a reader that will read every shard, as a map-style epoch
+        does. A shuffled epoch then costs one request per 8 MiB of data, not one per batch's record of each shard,
+        and later epochs read the local copies."""
+        self._whole_at_first_read = self.is_remote and self.fits_in_cache
 
     @property
     def fits_in_cache(self) -> bool:

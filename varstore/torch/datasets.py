@@ -74,9 +74,11 @@ class RecordDataset(Dataset):
     ``varstore.torch`` logger; a batch with no readable record left still raises.
     `dataset[i]` of a damaged record raises whatever the policy. Catching a flipped
     payload byte needs ``verify_reads=True``; bad offsets and undecodable payloads are
-    caught either way. Nothing mapped is pickled: workers map the files themselves, at
-    the absolute path and the version this dataset opened, and raise
-    `DatasetReplacedError` if the dataset was replaced since (never another version's records).
+    caught either way. Over object storage, a dataset the node cache can hold has each
+    shard fetched whole at its first read (`ShardedReader.read_shards_whole`). Nothing
+    mapped is pickled: workers map the files themselves, at the absolute path and the
+    version this dataset opened, and raise `DatasetReplacedError` if the dataset was
+    replaced since (never another version's records).
 
     `path` may be a URL of object storage (see `varstore.open`): `storage_options`, `cache_dir` and
     `cache_limit` go to the reader, and workers reopen the URL with them (never a client across a fork).
@@ -104,7 +106,7 @@ class RecordDataset(Dataset):
         if flat_batches and transform is not None:
             raise VarstoreError("flat_batches reads a batch as one buffer, so a per-sample transform cannot apply")
         self._source = ProcessLocalReader(
-            path, verify_reads=verify_reads, quarantine=on_damaged == "skip",
+            path, verify_reads=verify_reads, quarantine=on_damaged == "skip", whole_shards=True,
             storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit,
         )
         self.path = self._source.path

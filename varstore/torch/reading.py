@@ -40,7 +40,8 @@ class ProcessLocalReader:
     path (or URL and its options) and version.
 
     With ``quarantine=True`` a dataset opens even when some shards are damaged;
-    they are set aside (see `ShardedReader._open_quarantining`).
+    they are set aside (see `ShardedReader._open_quarantining`). With ``whole_shards=True``
+    a remote dataset's shards are fetched whole at their first read (`ShardedReader.read_shards_whole`).
     """
 
     def __init__(
@@ -49,6 +50,7 @@ class ProcessLocalReader:
         *,
         verify_reads: bool = False,
         quarantine: bool = False,
+        whole_shards: bool = False,
         storage_options: dict[str, Any] | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | None = None,
@@ -57,6 +59,7 @@ class ProcessLocalReader:
         self.path = path if is_url(path) else os.path.abspath(path)
         self.verify_reads = verify_reads
         self.quarantine = quarantine
+        self.whole_shards = whole_shards
         self.remote_options: dict[str, Any] = {
             "storage_options": storage_options,
             "cache_dir": os.path.abspath(os.fspath(cache_dir)) if cache_dir is not None else None,
@@ -72,6 +75,8 @@ class ProcessLocalReader:
             if self.version is None:
                 self.version = reader.version
             require_version(reader, self.version)
+            if self.whole_shards and isinstance(reader, ShardedReader):
+                reader.read_shards_whole()
             self._reader, self._pid = reader, os.getpid()
         return self._reader
 
@@ -99,10 +104,14 @@ class ProcessLocalReader:
     def __getstate__(self) -> dict[str, Any]:
         return {
             "path": self.path, "verify_reads": self.verify_reads, "quarantine": self.quarantine, "version": self.version,
+            "whole_shards": self.whole_shards,
             **self.remote_options,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         remote = {name: state[name] for name in ("storage_options", "cache_dir", "cache_limit")}
-        self.__init__(state["path"], verify_reads=state["verify_reads"], quarantine=state["quarantine"], **remote)  # type: ignore[misc]
+        self.__init__(  # type: ignore[misc]
+            state["path"], verify_reads=state["verify_reads"], quarantine=state["quarantine"],
+            whole_shards=state["whole_shards"], **remote,
+        )
         self.version = state["version"]
