@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import varstore
@@ -18,7 +19,7 @@ from varstore.remote.filesystems import open_filesystem
 pytest.importorskip("s3fs")
 torch = pytest.importorskip("torch")
 
-from varstore.torch import RecordDataset
+from varstore.torch import RecordDataset, TokenWindowDataset
 
 JOIN_SECONDS = 120
 SHARD_RECORDS = 10
@@ -77,6 +78,28 @@ def test_a_shuffled_map_style_epoch_fetches_each_shard_whole_once_and_the_next_e
     again = len(s3_server.requests(bucket))
     assert sorted(shuffled_epoch(dataset, workers)) == sorted(records)
     assert [r for r in s3_server.requests(bucket)[again:] if not r.key.endswith("manifest.json")] == []
+
+
+def test_token_windows_over_a_dataset_that_fits_fetch_each_shard_whole_once(s3_server: Any, tmp_path: Path) -> None:
+    documents = [np.arange(n * 1_000, n * 1_000 + 9_000 + n, dtype=np.uint32) for n in range(30)]
+    local_dir = tmp_path / "local"
+    with varstore.ShardedWriter(local_dir, "ndarray", dtype="uint32", max_shard_records=SHARD_RECORDS) as writer:
+        writer.extend(documents)
+    bucket = s3_server.new_bucket()
+    fs, path = open_filesystem(f"s3://{bucket}/ds", s3_server.storage_options)
+    for name in sorted(os.listdir(local_dir)):
+        fs.put_file(str(local_dir / name), f"{path}/{name}")
+    sizes = {f"ds/{name}": (local_dir / name).stat().st_size for name in os.listdir(local_dir) if name.endswith(".data")}
+    windows = TokenWindowDataset(f"s3://{bucket}/ds", 4_000, storage_options=s3_server.storage_options, output="numpy")
+    local = TokenWindowDataset(str(local_dir), 4_000, output="numpy")
+    before = len(s3_server.requests(bucket))
+    order = np.random.default_rng(5).permutation(len(windows))
+    for start in range(0, len(order), 8):
+        batch = order[start:start + 8].tolist()
+        assert all(np.array_equal(a, b) for a, b in zip(windows.__getitems__(batch), local.__getitems__(batch)))
+    gets = data_gets(s3_server, bucket, before)
+    assert collections.Counter(r.key for r in gets) == collections.Counter(sizes.keys())
+    assert all(whole_range(r, sizes[r.key]) for r in gets)
 
 
 def test_a_dataset_larger_than_the_cache_limit_is_read_by_ranges(s3_server: Any, tmp_path: Path) -> None:

@@ -104,7 +104,9 @@ class TokenWindowDataset(Dataset):
             raise RecordTypeError(f"seq_len must be an integer, not {type(seq_len).__name__}")
         if seq_len < 1:
             raise VarstoreError(f"seq_len must be at least 1, not {seq_len}")
-        self._source = ProcessLocalReader(path, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
+        self._source = ProcessLocalReader(
+            path, whole_shards=True, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit
+        )
         self.path = self._source.path
         reader = self._source.get()
         if reader.codec != "ndarray" or reader.dtype is None or reader.dtype.kind not in "iu" or reader.shape:
