@@ -9,7 +9,7 @@ from typing import Any
 
 from ..errors import CommandError, VarstoreError, listing
 from ..operations.verify import VerifyReport, verify
-from .arguments import add_quiet_option, add_store_arguments, command_parser
+from .arguments import add_quiet_option, add_store_arguments, command_parser, positive_int
 from .output import format_size, one_line, plural, print_json, progress_bar, writing_to_standard_output
 from .stores import REMOTE_EPILOG, add_location_options, location_options
 
@@ -33,6 +33,8 @@ def add_parser(commands: Any) -> None:
     add_store_arguments(parser)
     add_quiet_option(parser)
     add_location_options(parser)
+    parser.add_argument("--workers", type=positive_int, default=1, metavar="N",
+                        help="check N shards of a dataset at once, on threads (default 1)")
     parser.add_argument("--remove-temporary", action="store_true",
                         help="first delete the temporary files that interrupted writers left beside the store "
                         "(a running writer's files are left alone: it holds its lock)")
@@ -78,7 +80,7 @@ def _print_json(report: VerifyReport) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        report = verify(args.path, remove_temporary=args.remove_temporary, **location_options(args),
+        report = verify(args.path, remove_temporary=args.remove_temporary, workers=args.workers, **location_options(args),
                         progress=partial(progress_bar, description="verify", quiet=args.quiet or args.json))
     except (VarstoreError, CommandError, OSError) as error:
         if args.json:  # a pipeline into a JSON parser gets its document; the error line and exit code are as ever

@@ -31,6 +31,7 @@ from typing import Any, Callable, Sequence
 import msgpack
 import numpy as np
 
+from .._native import speedups
 from ..errors import FormatError, RecordTypeError
 from .msgpack_bounds import MAX_DEPTH, check_msgpack
 
@@ -433,12 +434,49 @@ def _msgpack_ext_hook(code: int, data: bytes) -> Any:
     return _unpack_array(data)
 
 
+def _packed_dtypes() -> tuple[tuple[np.dtype, bytes], ...]:
+    """The dtypes whose arrays the C extension packs (`speedups.msgpack_pack`), each with its stored name: numpy's
+    own instance of each allowed dtype that is its little-endian form (none on a big-endian machine), but not
+    ``|b1``, whose bytes must be checked. An array of another dtype, or of an equal dtype that is another instance,
+    is packed by the Python path, to the same bytes."""
+    pairs = []
+    for name in ALLOWED_DTYPES:
+        native = np.dtype(np.dtype(name).name)
+        if native == np.dtype(name) and native.kind != "b":
+            pairs.append((native, name.encode("ascii")))
+    return tuple(pairs)
+
+
+_PACKED_DTYPES = _packed_dtypes()
+
+
 class MsgpackCodec(Codec):
-    """Structured samples; numpy arrays and scalars decode as read-only arrays."""
+    """Structured samples; numpy arrays and scalars decode as read-only arrays.
+
+    Records of plain types (exact dicts, lists, str, bytes, int, float, bool, None and contiguous arrays) are packed
+    by the C extension where it is built, to the bytes the Python path packs and checks (tests/test_speedups_pack.py);
+    it leaves any other record, and any it is not sure a reader accepts, to the Python path."""
 
     id, name = 3, "msgpack"
 
     def encode(self, record: Any) -> bytes:
+        if speedups is not None:
+            payload = speedups.msgpack_pack(record, np.ndarray, _PACKED_DTYPES)
+            if payload is not None:
+                return payload
+        return self._encode_in_python(record)
+
+    def encode_many(self, records: list[Any]) -> list[bytes]:
+        if speedups is None:
+            return super().encode_many(records)
+        payloads = speedups.msgpack_pack_each(records, np.ndarray, _PACKED_DTYPES)
+        if None in payloads:
+            payloads = [self._encode_in_python(record) if payload is None else payload
+                        for record, payload in zip(records, payloads)]
+        return payloads
+
+    def _encode_in_python(self, record: Any) -> bytes:
+        """`record` packed by msgpack and checked as a reader checks it, or refused with what makes it unreadable."""
         try:
             try:
                 return _packed(record)

@@ -13,10 +13,12 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import accumulate
 from typing import Any, Callable
 
 from ..dataset.local_source import open_listed_shard, verify_listed_shard
 from ..dataset.remote_source import RemoteDatasetSource
+from ..dataset.shard_threads import check_workers, in_order, serialised
 from ..errors import CorruptRecordError, MissingFileError, UsageError, VarstoreError, listing
 from ..format import header as fmt
 from ..format.codecs import codec_from_stored
@@ -117,38 +119,41 @@ def _check_shard(reader: Any, progress: Advance) -> list[ShardCheck]:
     return [check]
 
 
-def _check_dataset(directory: str, manifest: Manifest, progress: Advance) -> list[ShardCheck]:
+def _check_shards(manifest: Manifest, verify_shard: Callable[[ShardEntry], None], workers: int) -> list[ShardCheck]:
+    """Each shard of `manifest` checked by `verify_shard`, `workers` shards at once (on threads)."""
+    firsts = [0, *accumulate(entry.records for entry in manifest.shards)]
+
+    def check_one(position: int) -> ShardCheck:
+        entry = manifest.shards[position]
+        check = ShardCheck(entry.name, firsts[position], entry.records)
+        _check(check, partial(verify_shard, entry))
+        return check
+
+    return in_order(check_one, range(len(manifest.shards)), workers)
+
+
+def _check_dataset(directory: str, manifest: Manifest, workers: int, progress: Advance) -> list[ShardCheck]:
     codec = codec_from_stored(manifest.codec, manifest.codec_params, path=directory)
-    checks, first_record = [], 0
-    for entry in manifest.shards:
-        check = ShardCheck(entry.name, first_record, entry.records)
+    progress = serialised(progress) if workers > 1 else progress  # type: ignore[assignment]
 
-        def verify_shard(entry: ShardEntry = entry) -> None:
-            with open_listed_shard(directory, entry, codec) as reader:
-                verify_listed_shard(reader, entry, progress)
+    def verify_shard(entry: ShardEntry) -> None:
+        with open_listed_shard(directory, entry, codec) as reader:
+            verify_listed_shard(reader, entry, progress)
 
-        _check(check, verify_shard)
-        checks.append(check)
-        first_record += entry.records
-    return checks
+    return _check_shards(manifest, verify_shard, workers)
 
 
-def _check_remote_dataset(source: RemoteDatasetSource, manifest: Manifest, progress: Advance) -> list[ShardCheck]:
+def _check_remote_dataset(source: RemoteDatasetSource, manifest: Manifest, workers: int, progress: Advance) -> list[ShardCheck]:
     """`_check_dataset` at a URL: each shard's index and data object fetched into the node cache, then checked."""
     codec = codec_from_stored(manifest.codec, manifest.codec_params, path=source.location.url)
-    checks, first_record = [], 0
-    for entry in manifest.shards:
-        check = ShardCheck(entry.name, first_record, entry.records)
+    progress = serialised(progress) if workers > 1 else progress  # type: ignore[assignment]
 
-        def verify_shard(entry: ShardEntry = entry) -> None:
-            # The index is fetched verified against the entry's CRC32C, the data against the header's.
-            with source.open_shard(manifest, entry, codec, verify_reads=False, replaced_check=_report_damage, whole=True) as shard:
-                shard.verify(progress)
+    def verify_shard(entry: ShardEntry) -> None:
+        # The index is fetched verified against the entry's CRC32C, the data against the header's.
+        with source.open_shard(manifest, entry, codec, verify_reads=False, replaced_check=_report_damage, whole=True) as shard:
+            shard.verify(progress)
 
-        _check(check, verify_shard)
-        checks.append(check)
-        first_record += entry.records
-    return checks
+    return _check_shards(manifest, verify_shard, workers)
 
 
 def _report_damage() -> None:
@@ -171,17 +176,17 @@ def _remote_dataset(url: str, options: dict[str, Any]) -> tuple[RemoteDatasetSou
 _StoreCheck = tuple[bool, int, Callable[[Advance], list[ShardCheck]]]
 
 
-def store_check(location: str, options: dict[str, Any], cleanup: ExitStack) -> _StoreCheck:
+def store_check(location: str, options: dict[str, Any], cleanup: ExitStack, workers: int = 1) -> _StoreCheck:
     """(whether it is a dataset, the bytes to check, the check listing each shard's outcome) for the store at
     `location`, a local path or a URL (read with the `remote_options` `options`, which a local path ignores);
-    what it opens joins `cleanup`.
+    what it opens joins `cleanup`. A dataset's shards are checked `workers` at once.
 
     A dataset's manifest alone is read first, so that every damaged shard is listed rather than the first one
     refusing the open."""
     if not is_url(location):
         if os.path.isdir(location):
             manifest = read_manifest(location)
-            return True, sum(entry.data_size for entry in manifest.shards), partial(_check_dataset, location, manifest)
+            return True, sum(entry.data_size for entry in manifest.shards), partial(_check_dataset, location, manifest, workers)
         # A shard that cannot even be opened is reported as an error, like any unreadable input.
         reader = cleanup.enter_context(open_store(location))
         return False, reader.header.data_size, partial(_check_shard, reader)
@@ -190,14 +195,14 @@ def store_check(location: str, options: dict[str, Any], cleanup: ExitStack) -> _
         store = cleanup.enter_context(open_store(location, **options))
         return False, store.header.data_size, partial(_check_shard, store)
     source, manifest = dataset
-    return True, sum(entry.data_size for entry in manifest.shards), partial(_check_remote_dataset, source, manifest)
+    return True, sum(entry.data_size for entry in manifest.shards), partial(_check_remote_dataset, source, manifest, workers)
 
 
-def _run_checks(location: str, options: dict[str, Any],
-                progress: ProgressBar | None) -> tuple[bool, list[ShardCheck], float, int]:
+def _run_checks(location: str, options: dict[str, Any], progress: ProgressBar | None,
+                workers: int) -> tuple[bool, list[ShardCheck], float, int]:
     """(whether the store is a dataset, each shard's outcome, the seconds the checks took, the bytes checked)."""
     with ExitStack() as cleanup:
-        is_dataset, total, check_all = store_check(location, options, cleanup)
+        is_dataset, total, check_all = store_check(location, options, cleanup, workers)
         started = time.perf_counter()
         with reporting(progress, total) as counter:
             checks = check_all(counter)
@@ -206,28 +211,30 @@ def _run_checks(location: str, options: dict[str, Any],
 
 def verify(path: str | os.PathLike[str], *, remove_temporary: bool = False,
            storage_options: dict[str, Any] | None = None, cache_dir: str | os.PathLike[str] | None = None,
-           cache_limit: int | None = None, progress: ProgressBar | None = None) -> VerifyReport:
+           cache_limit: int | None = None, progress: ProgressBar | None = None, workers: int = 1) -> VerifyReport:
     """Check every header, offset, manifest entry and record checksum of the shard or dataset at `path` (a local
     path or a URL), each shard separately; damage is reported in the result, not raised.
 
     `remove_temporary` first deletes the temporary files that interrupted writers left beside a local store
     (a running writer's are left alone: it holds its lock). A store that cannot be opened at all (no shard or
     manifest there, a manifest that does not parse) raises its `VarstoreError`. `progress`
-    (`varstore.progress`) is told the bytes of records to check and each amount checked.
+    (`varstore.progress`) is told the bytes of records to check and each amount checked. `workers` shards of a
+    dataset are checked at once, on threads (at a URL, downloaded at once too).
     """
+    check_workers(workers)
     path = store_path(path)
     options = remote_options(storage_options, cache_dir, cache_limit)
     if is_url(path):
         if remove_temporary:
             raise UsageError("--remove-temporary applies to local stores: object storage holds no temporary files of varstore's")
-        is_dataset, checks, seconds, checked = _run_checks(path, options, progress)
+        is_dataset, checks, seconds, checked = _run_checks(path, options, progress, workers)
         return VerifyReport(path, is_dataset, checks, checked, seconds)
     is_dataset = os.path.isdir(path)
     directory = path if is_dataset else os.path.dirname(path) or "."
     # Lock-aware: the temporary files of a writer that is still running are left alone.
     removed = remove_temporary_files(directory) if remove_temporary else []
     writer_lock = directory_lock_path(directory) if is_dataset else shard_lock_path(shard_prefix(path))
-    is_dataset, checks, seconds, checked = _run_checks(path, options, progress)
+    is_dataset, checks, seconds, checked = _run_checks(path, options, progress, workers)
     leftovers = sorted(glob.glob(os.path.join(glob.escape(directory), f"*{TEMP_MARK}*")))
     return VerifyReport(path, is_dataset, checks, checked, seconds, temporary_files=leftovers,
                         writer_running=is_locked(writer_lock), removed_temporary_files=removed)
