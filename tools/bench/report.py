@@ -12,7 +12,8 @@ from .peers import PEER_MODULES, REFERENCES
 
 LABELS = {
     "varstore": "varstore", "floor": "raw floor", "megatron": "Megatron", "hf-datasets": "HF datasets",
-    "lmdb": "LMDB", "h5py": "h5py", "mds": "MDS", "litdata": "litdata", "list": "list in RAM",
+    "lmdb": "LMDB", "h5py": "h5py", "mds": "MDS", "litdata": "litdata", "lance": "Lance",
+    "list": "list in RAM",
 }
 WORKLOADS = ("tokens", "blobs", "small", "structured")
 FLAT_WORKLOADS = ("tokens", "blobs", "small")

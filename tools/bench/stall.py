@@ -2,7 +2,9 @@
 
 A training loop whose step is simulated: take a batch from a DataLoader (the harness's loader over the
 "tokens" workload: batch 64, shuffled, jagged collation, `loading.dataset_for`), then "compute" for a fixed
-step time. The step is a ``time.sleep``: a GPU step leaves the CPU free while the host waits on the
+step time. Peers are shuffled by torch's `RandomSampler`; varstore by its own `ExactlyOnceSampler`, whose
+look-ahead has the pages of the coming batches read during the steps, and again by `RandomSampler` (a row of
+its own) for what a loader without it gets. The step is a ``time.sleep``: a GPU step leaves the CPU free while the host waits on the
 device, and on this 2-core machine a busy-wait would take a core from the loader's workers and measure
 the machine, not the store. The stall is the fraction of wall time spent blocked in ``next(loader)``,
 after the first batch (worker start-up, reported apart as ``first_batch_s``).
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import os
 import shutil
@@ -33,6 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import environment  # noqa: E402
 
 STEP_MS = (5, 20)
+# The samplers each peer is measured with; the first one's cases are keyed without its name.
+SAMPLERS = {"varstore": ("ExactlyOnceSampler", "RandomSampler")}
+DEFAULT_SAMPLERS = ("RandomSampler",)
 WORKERS = (0, 1, 2)
 CACHES = ("warm", "cold")
 BUDGET_S = 2.0
@@ -68,10 +74,11 @@ def stalled_loop(loader: Any, step_s: float, budget: float) -> dict[str, float]:
     return {"stall": waited / total, "first_batch_s": first, "steps": steps, "wait_ms_per_step": waited / steps * 1e3}
 
 
-def measure_one(peer: Any, workload: Any, directory: str, workers: int, step_ms: int, cache: str) -> dict[str, float]:
+def measure_one(peer: Any, workload: Any, directory: str, workers: int, step_ms: int, cache: str,
+                sampler_name: str) -> dict[str, float]:
     import torch
     from torch.utils.data import DataLoader, RandomSampler
-    from varstore.torch import collate_jagged
+    from varstore.torch import ExactlyOnceSampler, collate_jagged
 
     from bench import measure, suite
     from bench.loading import SAMPLES, dataset_for
@@ -84,7 +91,10 @@ def measure_one(peer: Any, workload: Any, directory: str, workers: int, step_ms:
         measure.evict(files)
     resident_kb = measure.resident_bytes(files) / 1024
     dataset = dataset_for(peer, workload, directory, "default")
-    sampler = RandomSampler(dataset, num_samples=SAMPLES, generator=torch.Generator().manual_seed(step_ms))
+    if sampler_name == "ExactlyOnceSampler":
+        sampler = ExactlyOnceSampler(dataset, seed=step_ms)  # one epoch: 200,000 samples, more than a budget takes
+    else:
+        sampler = RandomSampler(dataset, num_samples=SAMPLES, generator=torch.Generator().manual_seed(step_ms))
     loader = DataLoader(dataset, batch_size=suite.LOADER_BATCH, sampler=sampler, num_workers=workers,
                         collate_fn=collate_jagged)
     figures = stalled_loop(loader, step_ms / 1e3, BUDGET_S)
@@ -107,25 +117,29 @@ def measure_peer(name: str, scale: float, data: str) -> dict[str, Any]:
     if not built["reads_back"]:
         return {"error": "the built tokens workload does not read back"}
     cases: dict[str, Any] = {}
+    samplers = SAMPLERS.get(name, DEFAULT_SAMPLERS)
     try:
-        for workers in WORKERS:
-            for step_ms in STEP_MS:
-                for cache in CACHES:
-                    key = f"{cache}@{step_ms}ms@{workers}w"
-                    try:
-                        cases[key] = measure_one(peer, workload, directory, workers, step_ms, cache)
-                    except Exception as error:
-                        traceback.print_exc()
-                        cases[key] = {"error": f"{type(error).__name__}: {str(error).splitlines()[-1:]}"[:300]}
+        for workers, step_ms, cache, sampler_name in itertools.product(WORKERS, STEP_MS, CACHES, samplers):
+            key = case_key(cache, step_ms, workers, None if sampler_name == samplers[0] else sampler_name)
+            try:
+                cases[key] = measure_one(peer, workload, directory, workers, step_ms, cache, sampler_name)
+            except Exception as error:
+                traceback.print_exc()
+                cases[key] = {"error": f"{type(error).__name__}: {str(error).splitlines()[-1:]}"[:300]}
     finally:
         shutil.rmtree(os.path.join(data, peer.name), ignore_errors=True)
-    return {"cases": cases, "write_s": built["write_s"]}
+    return {"cases": cases, "write_s": built["write_s"], "samplers": list(samplers)}
 
 
-def workers_needed(cases: dict[str, Any], cache: str, step_ms: int) -> int | None:
+def case_key(cache: str, step_ms: int, workers: int, sampler_name: str | None) -> str:
+    """A case's key in the results; `sampler_name` only for a peer's second sampler."""
+    return f"{cache}@{step_ms}ms@{workers}w" + (f"@{sampler_name}" if sampler_name else "")
+
+
+def workers_needed(cases: dict[str, Any], cache: str, step_ms: int, sampler_name: str | None = None) -> int | None:
     """The fewest workers whose stall is under `ZERO_STALL`, or None if no worker count here reaches it."""
     for workers in WORKERS:
-        stall = cases.get(f"{cache}@{step_ms}ms@{workers}w", {}).get("stall")
+        stall = cases.get(case_key(cache, step_ms, workers, sampler_name), {}).get("stall")
         if stall is not None and stall < ZERO_STALL:
             return workers
     return None
@@ -141,21 +155,25 @@ def table(results: dict[str, Any]) -> str:
             lines.append(f"| {LABELS.get(name, name)} | — | {result.get('skipped') or result.get('error')} |" + " |" * (len(STEP_MS) - 1))
             continue
         cases = result["cases"]
-        for cache in CACHES:
+        samplers = result.get("samplers", DEFAULT_SAMPLERS)
+        for sampler_name, cache in itertools.product(samplers, CACHES):
+            second = None if sampler_name == samplers[0] else sampler_name
             cells = []
             for step in STEP_MS:
-                stalls = [cases.get(f"{cache}@{step}ms@{w}w", {}).get("stall") for w in WORKERS]
+                stalls = [cases.get(case_key(cache, step, w, second), {}).get("stall") for w in WORKERS]
                 shown = " / ".join("err" if s is None else f"{s:.1%}" for s in stalls)
-                needed = workers_needed(cases, cache, step)
+                needed = workers_needed(cases, cache, step, second)
                 cells.append(f"{shown} → {'>2' if needed is None else needed}")
-            lines.append(f"| {LABELS.get(name, name)} | {cache} | " + " | ".join(cells) + " |")
+            label = LABELS.get(name, name) + (f" ({sampler_name})" if len(samplers) > 1 else "")
+            lines.append(f"| {label} | {cache} | " + " | ".join(cells) + " |")
     meta = results["meta"]
     lines.append("")
     lines.append(f"Stall = time blocked in `next(loader)` / wall time over {BUDGET_S:.0f} s after the first batch; step = "
                  f"`time.sleep`; tokens workload ({meta['records']} records), batch 64, shuffled; "
                  f"`{meta['command']}`, {meta['minutes']:.1f} min, load {meta['load_before']} → {meta['load_after']}. "
                  "Cold = the files' pages evicted right before the loader starts; a store that reads ahead re-caches a "
-                 "dataset smaller than memory within the run. `list in RAM` is the DataLoader's own cost (collation, "
+                 "dataset smaller than memory within the run. varstore (ExactlyOnceSampler): its look-ahead advises "
+                 "the pages of the coming batches; (RandomSampler): the same loader without it. `list in RAM` is the DataLoader's own cost (collation, "
                  "and with workers the hand-over of each batch to the main process): no store can stall less.")
     return "\n".join(lines)
 

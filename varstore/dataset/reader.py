@@ -331,6 +331,21 @@ class ShardedReader(ReaderBase):
             groups.append((shard, positions, resolved[positions] - self._starts[shard]))
         return order, groups
 
+    def will_need(self, indices: Sequence[int] | np.ndarray) -> None:
+        """`Reader.will_need` of each local shard holding some of `indices` (opening it if it is not open; a remote
+        shard is fetched by its reads, so it is given nothing); advisory, so a shard that cannot open is skipped."""
+        try:
+            _, groups = self._grouped(indices)
+        except VarstoreError:
+            return
+        for position, _, local in groups:
+            try:
+                shard = self.shard(position)
+            except VarstoreError:
+                continue
+            if isinstance(shard, Reader):
+                shard.will_need(local)
+
     def get_batch(self, indices: Sequence[int] | np.ndarray) -> list[Any]:
         """Records at `indices`, in that order, read with one vectorised batch per shard."""
         _, groups = self._grouped(indices)

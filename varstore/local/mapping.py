@@ -10,6 +10,8 @@ import functools
 import mmap
 import os
 
+import numpy as np
+
 from ..errors import FormatError
 
 # Indexes up to this size are read into the page cache at open (`prefetch_index`): ~2.8 M records with checksums.
@@ -26,6 +28,17 @@ def map_file(fd: int, size: int) -> mmap.mmap | bytes:
     mapped = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
     if hasattr(mapped, "madvise"):
         mapped.madvise(mmap.MADV_RANDOM)
+    return mapped
+
+
+def map_data_file(fd: int, size: int) -> mmap.mmap | bytes:
+    """A read-only map of a shard's data file, advised by what is cached (`looks_cached`): a warm file keeps the
+    kernel's default advice, whose fault-around maps the cached neighbours of a page on its first touch (with
+    MADV_RANDOM every page is a minor fault of its own, which a fresh process pays on each first touch); a cold
+    one is advised MADV_RANDOM, so a random read reads its own pages and no read-ahead around them."""
+    mapped = map_file(fd, size)
+    if isinstance(mapped, mmap.mmap) and hasattr(mapped, "madvise") and looks_cached(fd, size):
+        mapped.madvise(mmap.MADV_NORMAL)
     return mapped
 
 
@@ -48,6 +61,32 @@ def prefetch_index(fd: int, size: int) -> bool:
     except OSError:  # advice the file system refuses is no reason to refuse the shard
         return False
     return True
+
+
+def advise_will_need(fd: int, starts: np.ndarray, ends: np.ndarray) -> int:
+    """Ask the kernel to start reading the pages holding byte ranges [starts, ends) of the file open as `fd`, and
+    nothing more (``POSIX_FADV_WILLNEED`` reads exactly the range asked, with no read-ahead around it), without
+    waiting: one call per run of adjacent pages, each releasing the GIL. Returns the calls made (none where the
+    platform has no ``posix_fadvise``); advice the file system refuses is ignored."""
+    if not hasattr(os, "posix_fadvise"):
+        return 0
+    nonempty = ends > starts
+    order = np.argsort(starts[nonempty], kind="stable")
+    first = (starts[nonempty] // mmap.PAGESIZE)[order]
+    last = ((ends[nonempty] - 1) // mmap.PAGESIZE)[order]
+    if not len(first):
+        return 0
+    new_run = np.ones(len(first), bool)
+    new_run[1:] = first[1:] > np.maximum.accumulate(last)[:-1] + 1
+    run_last = np.maximum.reduceat(last, np.flatnonzero(new_run))
+    calls = 0
+    try:
+        for page, stop in zip(first[new_run].tolist(), run_last.tolist()):
+            os.posix_fadvise(fd, page * mmap.PAGESIZE, (stop - page + 1) * mmap.PAGESIZE, os.POSIX_FADV_WILLNEED)
+            calls += 1
+    except OSError:
+        pass
+    return calls
 
 
 def looks_cached(fd: int, size: int) -> bool:

@@ -18,12 +18,12 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence
 import numpy as np
 
 from .._native import speedups
-from ..errors import FormatError, MissingFileError, RecordIndexError, RecordTypeError, StorageError
+from ..errors import FormatError, MissingFileError, RecordIndexError, RecordTypeError, StorageError, VarstoreError
 from ..format import header as fmt
 from ..format.checksum import crc32c
 from ..format.codecs import Codec
 from ..local.file_url import resolve_file_url
-from ..local.mapping import map_file, pread_exactly
+from ..local.mapping import advise_will_need, map_data_file, pread_exactly
 from .index import DECODE_ERRORS as _DECODE_ERRORS
 from .index import ITERATION_CHUNK as _ITERATION_CHUNK
 from .index import VERIFY_CHUNK_BYTES, ShardIndex
@@ -254,7 +254,7 @@ class Reader(ShardReaderBase):
         self._index = index
         self._index_map = index.map
         self._codec: Codec = index.codec
-        self._data_map = map_file(data_fd, data_size)
+        self._data_map = map_data_file(data_fd, data_size)
         self.header = index.header
         self._count = index.count
         self._data_size = data_size
@@ -427,7 +427,7 @@ class Reader(ShardReaderBase):
             yield FlatBatch(self._rows[first_row : first_row + int(relative[-1]) // row_size], relative // row_size)
 
     def _prefetch(self, start: int, end: int) -> None:
-        """Ask the kernel to read a range ahead: maps are MADV_RANDOM, so sequential readers say so."""
+        """Ask the kernel to read a range ahead: a cold file's map is MADV_RANDOM, so sequential readers say so."""
         if end > start and hasattr(self._data_map, "madvise"):
             page_start = start - start % mmap.PAGESIZE
             self._data_map.madvise(mmap.MADV_WILLNEED, page_start, end - page_start)  # type: ignore[union-attr]
@@ -439,6 +439,24 @@ class Reader(ShardReaderBase):
         if stop > start:
             end = min(int(self._offsets[stop]), self._data_size)
             self._prefetch(min(int(self._offsets[start]), end), end)
+
+    def will_need(self, indices: Sequence[int] | np.ndarray) -> None:
+        """Ask the kernel to start reading the pages of records `indices`, and only those, into the page cache
+        without waiting: for a caller that knows its coming reads (`ExactlyOnceSampler`'s look-ahead). Advisory,
+        so indices out of range, damaged offsets or a data file replaced since the open give no advice and no error."""
+        if self._closed:
+            return
+        try:
+            indices = check_indices(indices, self._count, self.path)
+            starts, ends = self._index.checked_ranges(indices)
+            fd = os.open(self.data_path, os.O_RDONLY | os.O_NONBLOCK)
+        except (VarstoreError, OSError):
+            return
+        try:
+            if os.fstat(fd).st_size == self._data_size:
+                advise_will_need(fd, starts, ends)
+        finally:
+            os.close(fd)
 
     def __iter__(self) -> Iterator[Any]:
         self._check_open()

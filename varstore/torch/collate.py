@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
@@ -99,14 +100,36 @@ def _writable_stored(array: np.ndarray, keep_dtype: bool, where: Callable[[int],
     return array if array.flags.writeable else array.copy()
 
 
+class SampleBatch(list):
+    """The samples of one batch (a list, as collate functions take it) that are consecutive pieces of one buffer,
+    `values`: `collate_jagged` and `collate_padded` take that buffer as the batch instead of joining the samples
+    again, as long as every item is still the sample put there. Pickled (to another process) as a plain list."""
+
+    def __init__(self, samples: list[torch.Tensor], values: np.ndarray, lengths: np.ndarray) -> None:
+        super().__init__(samples)
+        self._samples = samples
+        self.values, self.lengths = values, lengths
+
+    def flat(self) -> _Flat | None:
+        """The samples back to back as the buffer they were cut from (so the collated values share its memory with
+        the samples: in place, a change to one shows in the other), or None if the list was changed since."""
+        if len(self) != len(self._samples) or not all(map(operator.is_, self, self._samples)):
+            return None
+        return _Flat(self.values, self.lengths, None, self.values.dtype)
+
+    def __reduce__(self) -> tuple[type, tuple[list[torch.Tensor]]]:
+        return list, (list(self),)
+
+
 def stored_tensor_batch(
     arrays: Sequence[np.ndarray], keep_dtype: bool, name: Callable[[int], str], path: str | None
-) -> list[torch.Tensor]:
+) -> SampleBatch:
     """`stored_tensor` of each of `arrays` (records of one ndarray dataset: one dtype and trailing shape) with one
     copy for the whole batch, converting on the way. Each tensor has its own storage over its part of that buffer,
     so saving one saves only it, and changing one in place is no autograd change to another. `name(k)` names
     record k in errors."""
-    lengths = [len(array) for array in arrays]
+    sizes = [len(array) for array in arrays]
+    lengths = np.array(sizes, np.int64)
     dtype = tensor_dtype(arrays[0].dtype, keep_dtype)
     if dtype != arrays[0].dtype and arrays[0].dtype != np.uint64:
         values = np.concatenate(arrays, dtype=dtype)
@@ -115,8 +138,9 @@ def stored_tensor_batch(
         np.cumsum(lengths, out=offsets[1:])
         joined = np.concatenate(arrays)
         values = _writable_stored(joined, keep_dtype, naming_records(joined, offsets, name), path)
-    bounds = [0, *itertools.accumulate(lengths)]
-    return [torch.from_numpy(values[start:end]) for start, end in zip(bounds, bounds[1:])]
+    bounds = [0, *itertools.accumulate(sizes)]
+    from_numpy = torch.from_numpy
+    return SampleBatch([from_numpy(values[start:end]) for start, end in zip(bounds, bounds[1:])], values, lengths)
 
 
 def stored_tensors(value: Any, keep_dtype: bool, record: str, path: str | None, field: tuple = ()) -> Any:
@@ -197,6 +221,8 @@ def _flat(samples: Sequence[Any], keep_dtype: bool, field: tuple) -> _Flat:
     dtype and trailing shape."""
     if len(samples) == 0:
         raise RecordTypeError("cannot collate an empty batch")
+    if isinstance(samples, SampleBatch) and (flat := samples.flat()) is not None:
+        return flat
     if isinstance(samples[0], torch.Tensor) and (flat := _flat_tensors(samples)) is not None:
         return flat
     converted = [_as_array(sample, _in_field(f"sample {position}", field)) for position, sample in enumerate(samples)]

@@ -12,7 +12,7 @@ from torch.utils.data import Dataset
 
 from ..dataset.reader import ShardedReader
 from ..errors import CorruptRecordError, VarstoreError
-from ..shard.reader import FlatBatch, check_indices
+from ..shard.reader import FlatBatch, Reader, check_indices
 from .collate import JaggedBatch, naming_records, stored_tensor, stored_tensor_batch, stored_tensors, writable_tensor
 from .reading import AnyReader, ProcessLocalReader
 from .skipped import SkippedRecords
@@ -147,6 +147,13 @@ class RecordDataset(Dataset):
 
     def __getitem__(self, index: int) -> Any:
         return self._sample(self.reader[index], index)
+
+    def will_need(self, indices: Sequence[int] | np.ndarray) -> None:
+        """Start reading the pages of records `indices` of a local shard or dataset into the page cache, without
+        waiting (`Reader.will_need`; nothing for object storage): what `ExactlyOnceSampler` calls ahead of its batches."""
+        reader = self.reader
+        if isinstance(reader, (Reader, ShardedReader)):
+            reader.will_need(indices)
 
     def __getitems__(self, indices: Sequence[int] | np.ndarray) -> list[Any] | JaggedBatch | FlatBatch:
         """The samples at `indices` (or, with `flat_batches`, one batch of them), read with one vectorised call."""

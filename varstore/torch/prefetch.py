@@ -1,5 +1,6 @@
 """Threads that fetch a stream's remote data ahead of its batches: `Prefetcher`, the one thread loop, and
-`ShardPrefetcher`, which uses it to bring whole shards into the node cache.
+`ShardPrefetcher`, which uses it to bring whole shards into the node cache; and `LookAhead`, which tells a
+local reader the records a sampler will yield next, so their pages are read while the training step runs.
 
 A stream knows its batches in advance, so what it will need is a list of jobs in order of use. `Prefetcher`
 runs them in a thread, at most `ahead` beyond those the stream has asked for, and keeps each job's result
@@ -15,6 +16,7 @@ ranged requests into memory (one window ahead), never into the node cache.
 from __future__ import annotations
 
 import bisect
+import queue
 import threading
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -24,6 +26,9 @@ import numpy as np
 # while the stream finishes the current one, and one more to absorb an uneven download.
 SHARDS_AHEAD = 2
 THREAD_NAME = "varstore-prefetch"
+# Pieces of indices `LookAhead` holds unadvised at most: with the sampler's piece in use, what it hands out is at
+# most this many pieces ahead of what it has yielded.
+PIECES_AHEAD = 2
 
 
 class Prefetcher:
@@ -125,3 +130,31 @@ class ShardPrefetcher:
     def close(self) -> None:
         """Stop the thread: at once if it is waiting, else after the fetch in progress."""
         self._prefetcher.close()
+
+
+class LookAhead:
+    """Calls `will_need(piece)` in a thread for each piece of indices `hint` is given, in order.
+
+    `hint` waits while `PIECES_AHEAD` pieces are still unadvised, so memory stays bounded and the advice never
+    falls behind by more; advice is best effort (the reader ignores what it cannot advise). `close` advises what
+    is pending, then ends the thread.
+    """
+
+    def __init__(self, will_need: Callable[[np.ndarray], None]) -> None:
+        self._will_need = will_need
+        self._pieces: queue.Queue[np.ndarray | None] = queue.Queue(PIECES_AHEAD)
+        self._thread = threading.Thread(target=self._run, name="varstore-look-ahead", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (piece := self._pieces.get()) is not None:
+            self._will_need(piece)
+
+    def hint(self, piece: np.ndarray) -> None:
+        """Have the indices of `piece` advised, after every piece hinted before."""
+        self._pieces.put(piece)
+
+    def close(self) -> None:
+        """Advise the pieces still pending and end the thread."""
+        self._pieces.put(None)
+        self._thread.join()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sized
+from typing import Any, Callable, Iterator, Sized
 
 import numpy as np
 from torch.utils.data import Sampler
@@ -12,9 +12,13 @@ from .distributed import rank_and_world_size
 from .fingerprint import check_version, dataset_version
 from .loader_state import is_loader_state, sampler_state
 from .permutation import BlockShuffle, Permutation, derive_key
+from .prefetch import LookAhead
 from .resume import EpochPosition, as_int, check_resume_state
 
 _CHUNK = 8192
+# Indices the sampler hands its data source's `will_need` at a time (see `_indices`): a few batches' worth, so the
+# pages of the coming batches are read during the current training steps, and no more is held in the page cache.
+LOOK_AHEAD_PIECE = 256
 _SAMPLER_PURPOSE = 1
 _BLOCK_SHUFFLE_PURPOSE = 5
 
@@ -73,6 +77,7 @@ class ExactlyOnceSampler(EpochPosition, Sampler[int]):
         world_size: int | None = None,
     ) -> None:
         self.size = data_source if isinstance(data_source, int) else len(data_source)
+        self._will_need = getattr(data_source, "will_need", None)
         self.shuffle = shuffle
         self.seed = as_int(seed, "seed")
         self.block_size, self.shuffle_window = _block_options(shuffle, block_size, shuffle_window)
@@ -90,15 +95,39 @@ class ExactlyOnceSampler(EpochPosition, Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         self._yielded = 0
-        return self._indices(self._positions(), self._order())
+        return self._indices(self._positions(), self._order(), self._will_need)
 
-    def _indices(self, positions: range, order: Permutation | BlockShuffle | None) -> Iterator[int]:
+    def _pieces(self, positions: range, order: Permutation | BlockShuffle | None) -> Iterator[np.ndarray]:
+        """The indices of `positions` in this epoch's order, `LOOK_AHEAD_PIECE` at a time."""
         for chunk_start in range(0, len(positions), _CHUNK):
             chunk = np.arange(chunk_start, min(chunk_start + _CHUNK, len(positions)), dtype=np.int64)
             chunk = positions.start + chunk * positions.step
-            for index in (order(chunk) if order is not None else chunk).tolist():
-                self._yielded += 1
-                yield index
+            indices = order(chunk) if order is not None else chunk
+            for piece_start in range(0, len(indices), LOOK_AHEAD_PIECE):
+                yield indices[piece_start : piece_start + LOOK_AHEAD_PIECE]
+
+    def _indices(
+        self, positions: range, order: Permutation | BlockShuffle | None, will_need: Callable[[np.ndarray], None] | None
+    ) -> Iterator[int]:
+        """The indices one by one; with `will_need`, each piece is handed to it (in a `LookAhead` thread) before the
+        previous piece is yielded, so at most two pieces are advised ahead of what this iterator has yielded."""
+        pieces = self._pieces(positions, order)
+        look_ahead = LookAhead(will_need) if will_need is not None else None
+        try:
+            piece = next(pieces, None)
+            if look_ahead is not None and piece is not None:
+                look_ahead.hint(piece)
+            while piece is not None:
+                following = next(pieces, None)
+                if look_ahead is not None and following is not None:
+                    look_ahead.hint(following)
+                for index in piece.tolist():
+                    self._yielded += 1
+                    yield index
+                piece = following
+        finally:
+            if look_ahead is not None:
+                look_ahead.close()
 
     def _order(self) -> Permutation | BlockShuffle | None:
         """This epoch's order of ``range(size)`` (None: in order)."""

@@ -16,6 +16,7 @@ PEER_MODULES = {
     "h5py": "h5py_vlen",
     "mds": "mds",
     "litdata": "litdata_chunks",
+    "lance": "lance_local",
     "list": "python_list",
 }
 REFERENCES = ("floor", "list")
