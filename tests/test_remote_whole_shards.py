@@ -120,3 +120,21 @@ def test_a_plain_reader_reads_one_record_by_its_range_not_its_whole_shard(s3_ser
         assert reader[25] == records[25]
     gets = data_gets(s3_server, bucket, before)
     assert gets and not any(whole_range(r, sizes[r.key]) for r in gets)
+
+
+def test_the_samplers_look_ahead_downloads_the_coming_shards_before_their_batches_read_them(
+    s3_server: Any, tmp_path: Path
+) -> None:
+    from varstore.torch import ExactlyOnceSampler
+
+    records = [bytes([n % 251]) * (9_000 + 7 * n) for n in range(60)]
+    url, bucket, sizes = uploaded(s3_server, tmp_path, records)
+    dataset = RecordDataset(url, storage_options=s3_server.storage_options)
+    before = len(s3_server.requests(bucket))
+    order = list(ExactlyOnceSampler(dataset, shuffle=True, seed=3))  # iterated to its end: every look-ahead done
+    gets = data_gets(s3_server, bucket, before)
+    assert collections.Counter(r.key for r in gets) == collections.Counter(sizes.keys())
+    assert all(whole_range(r, sizes[r.key]) for r in gets)
+    read = len(s3_server.requests(bucket))
+    assert [bytes(sample.numpy()) for sample in dataset.__getitems__(order)] == [records[i] for i in order]
+    assert s3_server.requests(bucket)[read:] == []

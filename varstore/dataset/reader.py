@@ -332,11 +332,16 @@ class ShardedReader(ReaderBase):
         return order, groups
 
     def will_need(self, indices: Sequence[int] | np.ndarray) -> None:
-        """`Reader.will_need` of each local shard holding some of `indices` (opening it if it is not open; a remote
-        shard is fetched by its reads, so it is given nothing); advisory, so a shard that cannot open is skipped."""
+        """Prepare the shards holding `indices`: `Reader.will_need` of each local one (opening it if it is not open);
+        a remote dataset's are opened at once, which fetches them whole when `read_shards_whole` applies (the
+        sampler's look-ahead thus downloads the coming batches' shards during the current steps). Advisory, so a
+        shard that cannot open is skipped: its read raises."""
         try:
             _, groups = self._grouped(indices)
         except VarstoreError:
+            return
+        if self._source.is_remote:
+            self._open_at_once([position for position, _, _ in groups], skip_errors=True)
             return
         for position, _, local in groups:
             try:
@@ -345,6 +350,25 @@ class ShardedReader(ReaderBase):
                 continue
             if isinstance(shard, Reader):
                 shard.will_need(local)
+
+    def _open_at_once(self, positions: list[int], *, skip_errors: bool = False) -> None:
+        """Open the shards at `positions` not open yet, a thread each (a remote open waits on the network)."""
+        closed = [position for position in positions if position not in self._readers]
+        if not closed:
+            return
+
+        def open_shard(position: int) -> None:
+            try:
+                self.shard(position)
+            except VarstoreError:
+                if not skip_errors:
+                    raise
+
+        if len(closed) == 1:
+            open_shard(closed[0])
+            return
+        with ThreadPoolExecutor(max_workers=min(len(closed), _MAX_CONCURRENT_SHARDS)) as pool:
+            list(pool.map(open_shard, closed))
 
     def get_batch(self, indices: Sequence[int] | np.ndarray) -> list[Any]:
         """Records at `indices`, in that order, read with one vectorised batch per shard."""
@@ -365,10 +389,7 @@ class ShardedReader(ReaderBase):
         batch touching k shards costs one round trip and as few requests as its ranges allow, not k batches'."""
         if not self._source.is_remote or len(groups) < 2:
             return [getattr(self.shard(shard), method)(local) for shard, _, local in groups]
-        closed = [shard for shard, _, _ in groups if shard not in self._readers]
-        if len(closed) > 1:
-            with ThreadPoolExecutor(max_workers=min(len(closed), _MAX_CONCURRENT_SHARDS)) as pool:
-                list(pool.map(self.shard, closed))
+        self._open_at_once([shard for shard, _, _ in groups])
         shards = [self.shard(shard) for shard, _, _ in groups]
         wanted = [shard.wanted_ranges(local) for shard, (_, _, local) in zip(shards, groups)]
         fetched = iter(self._source.read_batch([ranges for ranges in wanted if ranges is not None], self._raise_if_replaced))

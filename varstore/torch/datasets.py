@@ -149,8 +149,9 @@ class RecordDataset(Dataset):
         return self._sample(self.reader[index], index)
 
     def will_need(self, indices: Sequence[int] | np.ndarray) -> None:
-        """Start reading the pages of records `indices` of a local shard or dataset into the page cache, without
-        waiting (`Reader.will_need`; nothing for object storage): what `ExactlyOnceSampler` calls ahead of its batches."""
+        """Start reading the pages of records `indices` of a local shard or dataset into the page cache, or the
+        shards of a remote dataset into the node cache (`ShardedReader.will_need`), without waiting: what
+        `ExactlyOnceSampler` calls ahead of its batches."""
         reader = self.reader
         if isinstance(reader, (Reader, ShardedReader)):
             reader.will_need(indices)
