@@ -9,6 +9,7 @@ from typing import Any
 
 from ..conversion.driver import run_conversion
 from ..conversion.sources import FORMAT_OPTIONS, SOURCE_OPTIONS
+from ..conversion.tfrecord import COMPRESSION_TYPES
 from ..errors import CommandError, ShardExistsError, UsageError
 from ..format.compression import CHOICES, DICTIONARY_LEVEL_BONUS, MAX_LEVEL, MIN_LEVEL
 from ..local.file_url import resolve_file_url
@@ -44,6 +45,22 @@ _EPILOG = """sources (the format is told by the name, or by --format):
   FILE.txt         text: one record per line, line endings removed (str, or bytes with --codec bytes)
   FILE.parquet     parquet: one msgpack record per row, or one --field column (needs pyarrow);
                    null values as for jsonl
+  SHARDS.tar       webdataset: one msgpack record per sample {"__key__": key, EXT: bytes, ...}, grouped
+                   as WebDataset groups them (consecutive members sharing the name up to the first
+                   dot); every field is bytes unless --decode; .tar, .tar.gz, .tgz (bzip2, xz too)
+  FILE.tfrecord    tfrecord: one msgpack record per tf.train.Example ({feature: bytes or [bytes],
+                   float32 array or int64 array}), or each record's bytes with --codec bytes; both
+                   CRCs checked; .tfrecord, .tfrecords, .tfrec, and .gz of them (gzip)
+  webdataset and tfrecord SRC may name many files, as WebDataset users name shards: brace
+  lists and ranges (shard-{000..009}.tar), globs (shards/*.tfrecord), A::B lists, and URLs
+  (s3://bucket/shard-{000..099}.tar; --storage-options reach SRC's filesystem)
+  DIR/ or FILE.arrow  huggingface (--format huggingface for a save_to_disk folder or .parquet): one msgpack
+                   record per row, binary as bytes, lists of numbers as arrays, Image/Audio as their encoded
+                   bytes; or one --field column (str, bytes, or ndarray for a list of numbers); needs pyarrow
+  DIR/             mds (--format mds): a MosaicML MDS folder (index.json + shards, zstd/gz/bz2 compressed or
+                   not): one msgpack record per sample; pkl columns refused unless --allow-pickle
+  DIR/             litdata (--format litdata): a litdata chunk folder (index.json + chunk-*.bin, zstd or
+                   not): one msgpack record per item, its pytree rebuilt; pickle leaves as for mds
 
 limits:
   Memory stays bounded: arrays and token files are memory-mapped and written in
@@ -81,6 +98,8 @@ examples:
   varstore convert docs.jsonl s3://bucket/docs --field text
   varstore convert docs.jsonl docs/ --field text --workers 8
   varstore convert docs.jsonl docs/ --field text --compression auto
+  varstore convert 'shards/shard-{000..009}.tar' images/ --workers 4
+  varstore convert 'train-*.tfrecord.gz' train/
 
 """ + REMOTE_EPILOG
 
@@ -90,7 +109,7 @@ limits below)."""
 
 def add_parser(commands: Any) -> None:
     parser = command_parser(commands, "convert", run,
-                            help="build a dataset from .npy, token, JSON Lines, text, folder or Parquet sources",
+                            help="build a dataset from .npy, token, JSON Lines, text, folder, Parquet, WebDataset or TFRecord sources",
                             description=_DESCRIPTION, epilog=_EPILOG)
     parser.add_argument("source", metavar="SRC", type=resolve_file_url, help="the file or folder to read")
     parser.add_argument("destination", metavar="DST", type=resolve_file_url,
@@ -103,7 +122,7 @@ def add_parser(commands: Any) -> None:
                         help="tokens: the token id that ends each document; it stays the document's last token")
     parser.add_argument("--drop-separator", action="store_true", default=None,
                         help="tokens: leave the separator tokens out of the records")
-    parser.add_argument("--field", help="jsonl, parquet: store only this text (or binary) field of each sample; a dotted "
+    parser.add_argument("--field", help="jsonl, parquet, huggingface: store only this text (or binary) field of each sample; a dotted "
                         "path such as meta.caption reaches into nested maps (Parquet struct columns), a key holding a "
                         "dot such as \"a.b\" being found first, as dump --field finds it")
     parser.add_argument("--skip-null", action="store_true", default=None,
@@ -113,7 +132,16 @@ def add_parser(commands: Any) -> None:
                         '{"image", "label", "path"} and the sorted sub-folder names as metadata "labels"; hidden '
                         'entries (.DS_Store, .ipynb_checkpoints/) are left out')
     parser.add_argument("--codec", choices=("str", "bytes"),
-                        help="text, and jsonl or parquet with --field: store str records (default) or UTF-8 bytes")
+                        help="text, and jsonl or parquet with --field: store str records (default) or UTF-8 bytes; "
+                        "tfrecord: bytes keeps each record's bytes instead of decoding its tf.train.Example")
+    parser.add_argument("--decode", action="store_true", default=None,
+                        help="webdataset: decode .txt/.text/.transcript as str, .cls/.cls2/.index/.inx/.id as int and "
+                        ".json/.jsn as JSON, as WebDataset's basic handlers do (default: every field stays bytes)")
+    parser.add_argument("--compression-type", choices=COMPRESSION_TYPES, type=str.upper,
+                        help="tfrecord: GZIP or NONE, as TensorFlow's TFRecordDataset takes it (default: GZIP for "
+                        "names ending .gz)")
+    parser.add_argument("--allow-pickle", action="store_true", default=None,
+                        help="mds, litdata: unpickle pkl columns (this runs code the file chooses: only for files you trust)")
     parser.add_argument("--max-shard-bytes", type=byte_size, default=256 << 20, metavar="SIZE",
                         help="start a new shard before one grows past SIZE of payload, e.g. 64M, 1G (default 256M)")
     parser.add_argument("--max-shard-records", type=positive_int, metavar="N", help="at most N records per shard")
@@ -136,15 +164,19 @@ def add_parser(commands: Any) -> None:
 
 
 def _source_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The source options given (plain values, which a worker process opens the source with)."""
-    return {option: getattr(args, option) for option in SOURCE_OPTIONS if getattr(args, option) is not None}
+    """The source options given (plain values, which a worker process opens the source with); --storage-options
+    reach a SRC URL's filesystem too."""
+    options = {option: getattr(args, option) for option in SOURCE_OPTIONS if getattr(args, option, None) is not None}
+    if is_url(args.source) and args.storage_options is not None:
+        options["source_storage_options"] = args.storage_options
+    return options
 
 
 _EXISTING_DATASET = "a dataset, or the shards of an interrupted writer, is already there; pass --overwrite to replace it"
 
 
 def run(args: argparse.Namespace) -> int:
-    check_location_options(args, args.destination)
+    check_location_options(args, args.destination, args.source)
     if args.compression_level is not None and args.compression == "none":
         raise UsageError("--compression-level applies to compressed shards: give --compression zstd, zstd-dict or auto")
     started = time.perf_counter()
@@ -160,7 +192,8 @@ def run(args: argparse.Namespace) -> int:
     except ShardExistsError as error:  # convert always starts again (it has no resume): say so in the command's words
         raise CommandError(f"{error.path}: {_EXISTING_DATASET}") from None
     seconds = time.perf_counter() - started
-    with open_store(args.destination, args) as dataset:
+    # --storage-options given for a SRC URL do not reach a local DST
+    with open_store(args.destination, args if is_url(args.destination) else argparse.Namespace()) as dataset:
         payload = sum(entry.data_size for entry in dataset.manifest.shards)
         shards = len(dataset.manifest.shards)
         records = len(dataset)

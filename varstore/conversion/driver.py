@@ -31,6 +31,7 @@ from ..local.destination import check_destination, make_directories, removed_if_
 from ..local.file_url import resolve_file_url
 from ..progress import Counter, ProgressBar, reporting
 from ..remote.filesystems import is_url
+from .input_files import names_many_files
 from .sources import FolderSource, Source, open_source, source_format
 
 
@@ -54,7 +55,9 @@ def convert(
 
     `format` is told by the name when None (see ``varstore convert --help``); `source_options` are that
     command's source options by their Python names (``field="text"``, ``dtype="uint16", separator=50256``,
-    ``labels=True``, ``codec="bytes"``, ``skip_null=True``, ``offsets="offsets.npy"``, ``max_record_bytes``).
+    ``labels=True``, ``codec="bytes"``, ``skip_null=True``, ``offsets="offsets.npy"``, ``max_record_bytes``, and for
+    WebDataset and TFRecord sources ``decode=True``, ``compression_type="GZIP"`` and ``source_storage_options``,
+    the filesystem options of a `source` URL, and for MDS and litdata folders ``allow_pickle=True``).
     `compression` and `compression_level` are `ShardedWriter`'s, applied to every shard. Every error is a
     `VarstoreError`.
     """
@@ -126,7 +129,7 @@ def run_conversion(
 def _opened_source(path: str, format: str | None, options: dict[str, Any], destination: str) -> tuple[Source, str]:
     """The source at `path` with every option checked against its format, and its format; refused if `destination`
     lies in a folder it reads."""
-    if not os.path.exists(path):
+    if not os.path.exists(path) and not names_many_files(path):  # a pattern's files are found by its source
         raise CommandError(f"{path}: no such file or folder")
     kind = source_format(path, format)
     if kind == "folder" and os.path.isdir(path):

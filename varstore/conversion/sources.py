@@ -27,6 +27,12 @@ from ..errors import CommandError, RecordTypeError, UsageError, require_extra
 from ..format.codecs import canonical_dtype
 from ..progress import Counter
 from .fields import field_value, matching_key
+from .huggingface import HuggingFaceSource
+from .litdata import LitdataSource
+from .mds import MdsSource
+from .source_base import Source, append_record, check_claimed_count, even_parts, field_record
+from .tfrecord import TFRecordSource
+from .webdataset import WebDatasetSource
 
 _CHUNK_BYTES = 16 << 20
 _PROGRESS_STEP_BYTES = 1 << 20
@@ -35,7 +41,9 @@ DEFAULT_MAX_RECORD_BYTES = 64 << 20
 _TOKEN_DTYPES = "int8, int16, int32, int64, uint8, uint16, uint32, uint64"
 
 
-FORMAT_BY_SUFFIX = {".npy": "npy", ".bin": "tokens", ".jsonl": "jsonl", ".ndjson": "jsonl", ".txt": "text", ".parquet": "parquet"}
+FORMAT_BY_SUFFIX = {".npy": "npy", ".bin": "tokens", ".jsonl": "jsonl", ".ndjson": "jsonl", ".txt": "text", ".parquet": "parquet",
+                    ".arrow": "huggingface", ".tar": "webdataset", ".tgz": "webdataset", ".tfrecord": "tfrecord",
+                    ".tfrecords": "tfrecord", ".tfrec": "tfrecord"}
 # The options each source format reads; any other source option given is a usage error, never silently ignored.
 FORMAT_OPTIONS = {
     "npy": {"offsets"},
@@ -44,40 +52,19 @@ FORMAT_OPTIONS = {
     "text": {"codec", "max_record_bytes"},
     "folder": {"labels", "max_record_bytes"},
     "parquet": {"field", "skip_null", "codec"},
+    "huggingface": {"field", "skip_null", "codec"},
+    "mds": {"allow_pickle"},
+    "litdata": {"allow_pickle"},
+    "webdataset": {"decode", "max_record_bytes", "source_storage_options"},
+    "tfrecord": {"codec", "compression_type", "max_record_bytes", "source_storage_options"},
 }
-SOURCE_OPTIONS = ("offsets", "dtype", "separator", "drop_separator", "field", "skip_null", "codec", "labels", "max_record_bytes")
-
-
-class Source:
-    """A source file: the writer settings its records need, how much work there is, and the records.
-
-    `split(count)` cuts the input into contiguous parts, each described by plain values, so that `write_part`
-    can write each one in another process (the parts' records, in order, are those `write_to` writes).
-    """
-
-    codec = "bytes"
-    dtype: np.dtype | None = None
-    shape: tuple[int, ...] = ()
-    unit = "B"
-    total: int | None = None
-    metadata: dict[str, Any] = {}  # what the source adds to the dataset's metadata
-    skipped = 0  # inputs left out on request (null fields with --skip-null)
-
-    def write_to(self, writer: ShardedWriter, progress: Counter) -> None:
-        """Write every record."""
-        self.write_part(writer, progress, self.whole())
-
-    def whole(self) -> dict[str, Any]:
-        """The part that is the whole input."""
-        return {"first": 0, "stop": None}
-
-    def split(self, count: int) -> list[dict[str, Any]]:
-        """At most `count` contiguous parts covering the input, in order (fewer when it has fewer records)."""
-        raise NotImplementedError
-
-    def write_part(self, writer: ShardedWriter, progress: Counter, part: dict[str, Any]) -> None:
-        """Write the records of `part` (one of `split`'s, or `whole()`)."""
-        raise NotImplementedError
+FOLDER_FORMATS = {"folder", "mds", "litdata"}  # the formats read from a folder; the others from a file, except these:
+FOLDER_OR_FILE_FORMATS = {"huggingface"}  # a save_to_disk folder or one of its files
+# The formats whose SRC names many files (a brace pattern, glob or URL: `input_files`), which their sources find.
+MANY_FILE_FORMATS = {"webdataset", "tfrecord"}
+SOURCE_OPTIONS = ("offsets", "dtype", "separator", "drop_separator", "field", "skip_null", "codec", "labels", "max_record_bytes",
+                  "decode", "compression_type", "source_storage_options",
+                  "allow_pickle")
 
 
 def source_format(path: str, format: str | None) -> str:
@@ -88,7 +75,10 @@ def source_format(path: str, format: str | None) -> str:
         return format
     if os.path.isdir(path):
         return "folder"
-    suffix = os.path.splitext(path)[1].lower()
+    stem, suffix = os.path.splitext(path)
+    if suffix.lower() == ".gz" and os.path.splitext(stem)[1].lower() in (".tar", ".tfrecord", ".tfrecords", ".tfrec"):
+        suffix = os.path.splitext(stem)[1]  # FILE.tar.gz, FILE.tfrecord.gz
+    suffix = suffix.lower()
     if suffix not in FORMAT_BY_SUFFIX:
         raise UsageError(f"cannot tell the format of {path} from its name; pass --format ({', '.join(sorted(FORMAT_OPTIONS))})")
     return FORMAT_BY_SUFFIX[suffix]
@@ -97,7 +87,7 @@ def source_format(path: str, format: str | None) -> str:
 def open_source(path: str, kind: str, options: dict[str, Any]) -> Source:
     """The source of format `kind` at `path`, with `options` (names of `SOURCE_OPTIONS`, None for unset) checked
     against its format: plain values, so another process opens the same source from them."""
-    if not os.path.exists(path):
+    if kind not in MANY_FILE_FORMATS and not os.path.exists(path):
         raise CommandError(f"{path}: no such file or folder")
     for option in SOURCE_OPTIONS:
         if options.get(option) is not None and option not in FORMAT_OPTIONS[kind]:
@@ -105,8 +95,8 @@ def open_source(path: str, kind: str, options: dict[str, Any]) -> Source:
     unknown = sorted(set(options) - set(SOURCE_OPTIONS))
     if unknown:
         raise UsageError(f"unknown source option {unknown[0]!r}; the options are {', '.join(SOURCE_OPTIONS)}")
-    if (kind == "folder") != os.path.isdir(path):
-        raise UsageError(f"{path}: the {kind} format needs {'a folder' if kind == 'folder' else 'a file'}")
+    if kind not in FOLDER_OR_FILE_FORMATS | MANY_FILE_FORMATS and (kind in FOLDER_FORMATS) != os.path.isdir(path):
+        raise UsageError(f"{path}: the {kind} format needs {'a folder' if kind in FOLDER_FORMATS else 'a file'}")
     if kind == "npy":
         return NpySource(path, options.get("offsets"))
     if kind == "tokens":
@@ -118,38 +108,26 @@ def open_source(path: str, kind: str, options: dict[str, Any]) -> Source:
             raise UsageError(f"a token file needs {' and '.join(needs[name] for name in missing)}")
         return TokenSource(path, options["dtype"], options["separator"], drop_separator=bool(options.get("drop_separator")))
     max_record_bytes = options.get("max_record_bytes") or DEFAULT_MAX_RECORD_BYTES
+    if kind == "webdataset":
+        return WebDatasetSource(path, decode=bool(options.get("decode")), max_record_bytes=max_record_bytes,
+                                storage_options=options.get("source_storage_options"))
+    if kind == "tfrecord":
+        return TFRecordSource(path, codec=options.get("codec"), compression_type=options.get("compression_type"),
+                              max_record_bytes=max_record_bytes, storage_options=options.get("source_storage_options"))
     skip_null = bool(options.get("skip_null"))
     if kind == "jsonl":
         return JsonLinesSource(path, options.get("field"), options.get("codec"), max_record_bytes, skip_null=skip_null)
     if kind == "text":
         return TextSource(path, options.get("codec"), max_record_bytes)
+    if kind == "huggingface":
+        return HuggingFaceSource(path, options.get("field"), options.get("codec"), skip_null=skip_null)
+    if kind == "litdata":
+        return LitdataSource(path, allow_pickle=bool(options.get("allow_pickle")))
+    if kind == "mds":
+        return MdsSource(path, allow_pickle=bool(options.get("allow_pickle")))
     if kind == "parquet":
         return ParquetSource(path, options.get("field"), options.get("codec"), skip_null=skip_null)
     return FolderSource(path, max_record_bytes, labels=bool(options.get("labels")))
-
-
-def _even_parts(count: int, units: int) -> list[dict[str, Any]]:
-    """At most `count` parts {"first", "stop"} of `units` consecutive units, as equal as can be, none empty
-    (one empty part when there is no unit)."""
-    bounds = sorted({units * position // count for position in range(count + 1)})
-    return [{"first": first, "stop": stop} for first, stop in zip(bounds, bounds[1:])] or [{"first": 0, "stop": 0}]
-
-
-def _append(writer: ShardedWriter, record: Any, where: str) -> None:
-    try:
-        writer.append(record)
-    except RecordTypeError as error:
-        raise CommandError(f"{where}: {error}") from None
-    except MemoryError:
-        raise CommandError(f"{where}: not enough memory to encode this record") from None
-
-
-def _check_claimed_count(path: str, claimed: int, claim: str) -> None:
-    """Refuse an input whose header claims more records or rows than it has bytes: only a forged or absurd file does."""
-    size = os.path.getsize(path)
-    if claimed > size:
-        raise CommandError(f"{path}: {claim} in a file of {size:,} bytes; convert refuses an input that claims "
-                           "more records or rows than it has bytes")
 
 
 class NpySource(Source):
@@ -163,7 +141,7 @@ class NpySource(Source):
         if self.array.ndim == 0:
             raise CommandError(f"{path}: holds a single value, not rows of records")
         # A dimension can exceed the file's bytes only beside a zero one (rows of no bytes): an absurd shape.
-        _check_claimed_count(path, max(self.array.shape), f"its shape {self.array.shape} has a dimension of {max(self.array.shape):,}")
+        check_claimed_count(path, max(self.array.shape), f"its shape {self.array.shape} has a dimension of {max(self.array.shape):,}")
         try:
             self.dtype = canonical_dtype(self.array.dtype)
         except RecordTypeError as error:
@@ -178,7 +156,7 @@ class NpySource(Source):
 
     def split(self, count: int) -> list[dict[str, Any]]:
         """Parts of consecutive records (rows, or splits of rows by the offsets)."""
-        return _even_parts(count, len(self.array) if self.offsets is None else len(self.offsets) - 1)
+        return even_parts(count, len(self.array) if self.offsets is None else len(self.offsets) - 1)
 
     def write_part(self, writer: ShardedWriter, progress: Counter, part: dict[str, Any]) -> None:
         if self.offsets is None:
@@ -378,18 +356,6 @@ def _lines(path: str, progress: Counter, max_bytes: int, part: dict[str, Any]) -
     progress(pending)
 
 
-def _field_record(value: Any, codec: str, where: str) -> str | bytes:
-    """A text (or, for the bytes codec, text or bytes) field value as the record for `codec`."""
-    if isinstance(value, str):
-        return value if codec == "str" else value.encode("utf-8")
-    if isinstance(value, bytes) and codec == "bytes":
-        return value
-    expected = "text" if codec == "str" else "text or bytes"
-    found = "null" if value is None else type(value).__name__
-    hint = "; --skip-null leaves out the samples where it is null" if value is None else ""
-    raise CommandError(f"{where}: the field holds {found}, expected {expected}{hint}")
-
-
 class _SampleSource(Source):
     """A source of structured samples, each stored whole (msgpack) or, with `field`, as that field's text or bytes;
     with `skip_null`, a sample whose field is null is left out (and counted in `skipped`) instead of refused."""
@@ -404,8 +370,8 @@ class _SampleSource(Source):
             if value is None and self.skip_null:
                 self.skipped += 1
                 return
-            sample = _field_record(value, self.codec, f"{where}, {part} {self.field!r}")
-        _append(writer, sample, where)
+            sample = field_record(value, self.codec, f"{where}, {part} {self.field!r}")
+        append_record(writer, sample, where)
 
 
 class JsonLinesSource(_SampleSource):
@@ -460,13 +426,13 @@ class TextSource(Source):
         for number, line in _lines(self.path, progress, self.max_record_bytes, part):
             where = f"{self.path}, line {number}"
             if self.codec == "bytes":
-                _append(writer, line, where)
+                append_record(writer, line, where)
                 continue
             try:
                 text = line.decode("utf-8")
             except UnicodeDecodeError as error:
                 raise CommandError(f"{where}: not valid UTF-8 ({error}); --codec bytes keeps raw bytes") from None
-            _append(writer, text, where)
+            append_record(writer, text, where)
 
 
 class FolderSource(Source):
@@ -502,7 +468,7 @@ class FolderSource(Source):
 
     def split(self, count: int) -> list[dict[str, Any]]:
         """Parts of consecutive files, in the records' order."""
-        return _even_parts(count, sum(1 for _ in self._files()))
+        return even_parts(count, sum(1 for _ in self._files()))
 
     def write_part(self, writer: ShardedWriter, progress: Counter, part: dict[str, Any]) -> None:
         for label, path, name in itertools.islice(self._files(), part["first"], part["stop"]):
@@ -633,7 +599,7 @@ class ParquetSource(_SampleSource):
             raise CommandError(f"{path}: not a Parquet file pyarrow can read: {error}") from None
         schema = self.file.schema_arrow
         self.total = self.file.metadata.num_rows
-        _check_claimed_count(path, self.total, f"its metadata claims {self.total:,} rows")
+        check_claimed_count(path, self.total, f"its metadata claims {self.total:,} rows")
         if field is None:
             if codec is not None or skip_null:
                 option = "--codec" if codec is not None else "--skip-null"
@@ -655,7 +621,7 @@ class ParquetSource(_SampleSource):
 
     def split(self, count: int) -> list[dict[str, Any]]:
         """Parts of consecutive row groups, each with the number of its first row."""
-        parts = _even_parts(count, self.file.num_row_groups)
+        parts = even_parts(count, self.file.num_row_groups)
         rows = [self.file.metadata.row_group(group).num_rows for group in range(self.file.num_row_groups)]
         return [{**part, "row": sum(rows[: part["first"]])} for part in parts]
 
