@@ -13,6 +13,7 @@ the shard is damaged (and, for ``on_damaged="skip"``, set aside).
 from __future__ import annotations
 
 import bisect
+import logging
 import os
 import resource
 import threading
@@ -22,7 +23,9 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import ClosedError, DatasetReplacedError, FormatError, RecordIndexError, RecordTypeError, VarstoreError
+from ..errors import (
+    ClosedError, DatasetReplacedError, FormatError, RecordIndexError, RecordTypeError, StorageError, VarstoreError,
+)
 from ..format.codecs import Codec, codec_from_stored
 from ..format.manifest import Manifest
 from ..local.file_url import resolve_file_url
@@ -36,6 +39,7 @@ from .remote_source import ManifestStamp, RemoteDatasetSource
 from .shard_threads import check_workers, in_order, serialised
 
 _FILES_PER_SHARD = 2
+_log = logging.getLogger("varstore")
 
 
 _SPARE_FILE_DESCRIPTORS = 64
@@ -223,7 +227,10 @@ class ShardedReader(ReaderBase):
                 raise ClosedError("the reader is closed", path=self.path)
             reader = self._readers.get(position)
             if reader is None:
-                reader = self._open_shard(position, whole or self._whole_at_first_read)
+                if whole or not self._whole_at_first_read:
+                    reader = self._open_shard(position, whole)
+                else:
+                    reader = self._open_whole_or_by_ranges(position)
                 with self._lock:
                     if self._closed:  # closed while this shard opened
                         reader.close()
@@ -233,6 +240,16 @@ class ShardedReader(ReaderBase):
                         # Dropped, not closed: another thread may still be reading it; freeing it unmaps it.
                         self._readers.popitem(last=False)
         return reader
+
+    def _open_whole_or_by_ranges(self, position: int) -> Reader | RemoteShard:
+        """Shard `position` fetched whole (`read_shards_whole`), or, if its data object cannot be (damaged at rest on
+        every attempt, no room left on the cache's filesystem), read by ranges as any reader reads it: each record
+        is checked then, and a damaged one raised or skipped by the caller's policy."""
+        try:
+            return self._open_shard(position, True)
+        except StorageError as error:
+            _log.warning("shard %s could not be fetched whole, so it is read by ranges: %s", self.shard_paths[position], error)
+            return self._open_shard(position, False)
 
     def _open_shard(self, position: int, whole: bool) -> Reader:
         """Map shard `position`; failing, tell a dataset replaced since the open from a damaged one (quarantined if asked)."""

@@ -243,7 +243,8 @@ class Reader(ShardReaderBase):
     def _map_files(self, index_fd: int, data_fd: int) -> None:
         """Check the shard as §1.3 says, reading with `pread` only (`ShardIndex.open`), then map both files."""
         data_path = self.data_path
-        data_size = os.fstat(data_fd).st_size
+        data_stat = os.fstat(data_fd)
+        data_size = data_stat.st_size
         index = ShardIndex.open(
             index_fd,
             data_size,
@@ -258,6 +259,7 @@ class Reader(ShardReaderBase):
         self.header = index.header
         self._count = index.count
         self._data_size = data_size
+        self._data_file = (data_stat.st_dev, data_stat.st_ino)
         self._offsets_start = index.header.offsets_start
         self._offsets = index.offsets
         if self.verify_reads and index.checksums is None:
@@ -474,14 +476,21 @@ class Reader(ShardReaderBase):
         Both files are opened again and read with ``pread``, not through the maps (a hole of a sparse file on a
         full filesystem faults with SIGBUS, which would kill the process). Files replaced since this reader
         opened them (or removed) are not the ones it reads: then the reader's own view is verified, through its
-        maps.
+        maps. The data file it mapped, changed in size since (truncated in place), is refused: its map would fault.
         """
         self._check_open()
         try:
             with self._opened_files() as (index_fd, data_fd):
                 head = os.pread(index_fd, fmt.HEADER_SIZE, 0)
                 found = crc32c(head[: fmt.HEADER_SIZE - fmt.CHECKSUM_SIZE]) if len(head) == fmt.HEADER_SIZE else None
-                if found == self.version and os.fstat(data_fd).st_size == self._data_size:
+                data_stat = os.fstat(data_fd)
+                if (data_stat.st_dev, data_stat.st_ino) == self._data_file and data_stat.st_size != self._data_size:
+                    raise FormatError(
+                        f"is {data_stat.st_size} bytes, but was {self._data_size} when this reader opened it: changed "
+                        "in place since (truncated or extended); open the shard again",
+                        path=self.data_path,
+                    )
+                if found == self.version and data_stat.st_size == self._data_size:
                     self._index.verify(
                         _reader_into(bytearray(VERIFY_CHUNK_BYTES), data_fd, self.data_path),
                         self._decode,
