@@ -144,12 +144,12 @@ def decompressed(
     if index.dtype is not None:
         index.check_rows(indices, decoded_offsets[:-1], decoded_offsets[1:])
     try:
-        pieces = index.decompressor.decompress_many(data, starts.tolist(), ends.tolist(), sizes.tolist())  # type: ignore[union-attr]
+        decoded = index.decompressor.decompress_many(data, starts, ends, sizes)  # type: ignore[union-attr]
     except ValueError:
         for record, start, end, size in zip(indices.tolist(), starts.tolist(), ends.tolist(), sizes.tolist()):
             index.decompress(record, data, start, end, size)
         raise
-    return b"".join(pieces), decoded_offsets[:-1], decoded_offsets[1:]
+    return decoded, decoded_offsets[:-1], decoded_offsets[1:]
 
 
 def decode_records(index: ShardIndex, buffer: RecordBuffer, indices: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[Any]:
