@@ -204,3 +204,14 @@ def test_a_data_path_naming_one_source_twice_is_refused_not_blended_with_the_las
     web = str(tmp_path / "web")
     with pytest.raises(VarstoreError, match=f"the data path names {web!r} twice; give it one weight"):
         BlendedDataset.from_data_path(f"0.3 {web} 0.7 {web}", num_samples=10)
+
+
+@pytest.mark.parametrize("position", [-1, 3, True, 1.0])
+def test_a_shard_position_outside_the_manifest_is_refused_not_wrapped(tmp_path: Path, position: object) -> None:
+    with varstore.ShardedWriter(tmp_path / "ds", "bytes", max_shard_records=2) as writer:
+        writer.extend([b"a", b"b", b"c", b"d", b"e", b"f"])
+    with varstore.open(tmp_path / "ds") as dataset:
+        assert len(dataset.manifest.shards) == 3
+        with pytest.raises(varstore.errors.RecordIndexError, match="out of range for 3 shards"):
+            dataset.shard(position)  # type: ignore[arg-type]
+        assert dataset.shard(2)[0] == b"e"

@@ -220,6 +220,9 @@ class ShardedReader(ReaderBase):
         reader = self._readers.get(position)
         if reader is not None:
             return reader
+        shards = len(self.manifest.shards)
+        if isinstance(position, bool) or not isinstance(position, (int, np.integer)) or not 0 <= position < shards:
+            raise RecordIndexError(f"shard {position!r} is out of range for {shards} shards", path=self.path)
         with self._lock:
             opening = self._opening.setdefault(position, threading.Lock())
         with opening:  # one lock per shard: shards open at once (a remote open waits on the network)
