@@ -1,7 +1,7 @@
 """The input files of a source that spans many files, named as WebDataset and TFRecord users name their shards: a
 path or URL with brace lists and ranges (``shard-{000..009}.tar``, ``{train,val}.tfrecord``), shell globs
 (``shards/*.tar``), or several of these joined by ``::`` (WebDataset's list separator); each file opened for
-streaming, locally or through fsspec (`varstore.remote.filesystems`).
+streaming, locally or through fsspec (`varstore.remote.filesystems`); `FilesSource`, a source of such files.
 
 A pattern may name at most `MAX_INPUT_FILES` files, so that no pattern (``{0..999999999}``) can make convert hold a
 list out of proportion to the command line.
@@ -13,10 +13,12 @@ import glob
 import os
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, BinaryIO
 
 from ..errors import CommandError, UsageError
 from ..remote.filesystems import is_url, object_info, open_filesystem
+from .source_base import Source, even_parts
 
 MAX_INPUT_FILES = 1_000_000
 _RANGE = re.compile(r"^(\d+)\.\.(\d+)$")
@@ -126,3 +128,28 @@ def open_input(name: str, storage_options: dict[str, Any] | None) -> BinaryIO:
         return open(name, "rb")
     fs, path = open_filesystem(name, storage_options)
     return fs.open(path, "rb")
+
+
+class FilesSource(Source):
+    """A source of the files `spec` names (`input_files`), its work counted in bytes and split into parts of
+    consecutive files; a subclass writes each file's records."""
+
+    spec: str
+    storage_options: dict[str, Any] | None
+
+    @cached_property
+    def files(self) -> list[InputFile]:
+        """The files, listed once in the process that splits the work (a worker is handed its own)."""
+        return input_files(self.spec, self.storage_options)
+
+    @property
+    def total(self) -> int:  # type: ignore[override]
+        return sum(file.size for file in self.files)
+
+    def whole(self) -> dict[str, Any]:
+        return {"files": [(file.name, file.size) for file in self.files]}
+
+    def split(self, count: int) -> list[dict[str, Any]]:
+        """Parts of consecutive files."""
+        files = self.whole()["files"]
+        return [{"files": files[part["first"] : part["stop"]]} for part in even_parts(count, len(files))]

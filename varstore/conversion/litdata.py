@@ -33,9 +33,8 @@ from ..dataset.writer import ShardedWriter
 from ..errors import CommandError, require_extra
 from ..progress import Counter
 from .huggingface import column_values
-from .source_base import Source, append_record, even_parts
+from .source_base import Source, append_record, even_parts, read_index_json
 
-_INDEX_MAX_BYTES = 256 << 20
 _READ_BYTES = 1 << 20
 # litdata's constants.py: _NUMPY_DTYPES_MAPPING (numbered in its _NUMPY_SCTYPES order) and _TORCH_DTYPES_MAPPING.
 _NUMPY_DTYPES = {0: "|i1", 1: "<i2", 2: "<i4", 3: "<i8", 4: "|u1", 5: "<u2", 6: "<u4", 7: "<u8", 8: "<f2",
@@ -209,15 +208,7 @@ class LitdataSource(Source):
     def __init__(self, path: str, *, allow_pickle: bool) -> None:
         self.path = path
         index_path = os.path.join(path, "index.json")
-        if not os.path.isfile(index_path):
-            raise CommandError(f"{path}: no index.json: not a litdata folder")
-        if os.path.getsize(index_path) > _INDEX_MAX_BYTES:
-            raise CommandError(f"{index_path}: over {_INDEX_MAX_BYTES >> 20} MiB, more than a litdata index holds")
-        try:
-            with open(index_path, encoding="utf-8") as file:
-                index = json.load(file)
-        except (ValueError, RecursionError) as error:
-            raise CommandError(f"{index_path}: not JSON: {error}") from None
+        index = read_index_json(path, "a litdata")
         if not isinstance(index, dict) or not isinstance(index.get("config"), dict) or not isinstance(index.get("chunks"), list):
             raise CommandError(f"{index_path}: not a litdata index (a map with its config and its list of chunks)")
         config = index["config"]

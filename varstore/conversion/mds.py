@@ -29,9 +29,8 @@ import numpy as np
 from ..dataset.writer import ShardedWriter
 from ..errors import CommandError, require_extra
 from ..progress import Counter
-from .source_base import Source, append_record, even_parts
+from .source_base import Source, append_record, even_parts, read_index_json
 
-_INDEX_MAX_BYTES = 256 << 20
 _READ_BYTES = 1 << 20
 _FIXED = {"int": "<i8", "int8": "<i1", "int16": "<i2", "int32": "<i4", "int64": "<i8", "uint8": "<u1",
           "uint16": "<u2", "uint32": "<u4", "uint64": "<u8", "float16": "<f2", "float32": "<f4", "float64": "<f8"}
@@ -303,15 +302,7 @@ class MdsSource(Source):
     def __init__(self, path: str, *, allow_pickle: bool) -> None:
         self.path = path
         index_path = os.path.join(path, "index.json")
-        if not os.path.isfile(index_path):
-            raise CommandError(f"{path}: no index.json: not an MDS folder")
-        if os.path.getsize(index_path) > _INDEX_MAX_BYTES:
-            raise CommandError(f"{index_path}: over {_INDEX_MAX_BYTES >> 20} MiB, more than an MDS index holds")
-        try:
-            with open(index_path, encoding="utf-8") as file:
-                index = json.load(file)
-        except (ValueError, RecursionError) as error:
-            raise CommandError(f"{index_path}: not JSON: {error}") from None
+        index = read_index_json(path, "an MDS")
         if not isinstance(index, dict) or index.get("version") != 2 or not isinstance(index.get("shards"), list):
             raise CommandError(f"{index_path}: not an MDS index of version 2 (a map with its list of shards)")
         self.shards = [_Shard(path, entry, position, allow_pickle) for position, entry in enumerate(index["shards"])]

@@ -1,8 +1,9 @@
 """What every source of ``varstore convert`` is (`Source`), and what the sources share: cutting an input into even
-parts, and appending a record with the place it was read named in the error."""
+parts, appending a record with the place it was read named in the error, and reading a peer's ``index.json``."""
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -80,3 +81,21 @@ def field_record(value: Any, codec: str, where: str) -> str | bytes:
     found = "null" if value is None else type(value).__name__
     hint = "; --skip-null leaves out the samples where it is null" if value is None else ""
     raise CommandError(f"{where}: the field holds {found}, expected {expected}{hint}")
+
+
+INDEX_MAX_BYTES = 256 << 20  # far above any peer's index.json, and a bound on what parsing one may cost
+
+
+def read_index_json(folder: str, kind: str) -> Any:
+    """The parsed ``index.json`` of the `kind` folder (``"an MDS"``, ``"a litdata"``) at `folder`; missing, larger
+    than `INDEX_MAX_BYTES` or not JSON, a `CommandError` naming it."""
+    index_path = os.path.join(folder, "index.json")
+    if not os.path.isfile(index_path):
+        raise CommandError(f"{folder}: no index.json: not {kind} folder")
+    if os.path.getsize(index_path) > INDEX_MAX_BYTES:
+        raise CommandError(f"{index_path}: over {INDEX_MAX_BYTES >> 20} MiB, more than {kind} index holds")
+    try:
+        with open(index_path, encoding="utf-8") as file:
+            return json.load(file)
+    except (ValueError, RecursionError) as error:
+        raise CommandError(f"{index_path}: not JSON: {error}") from None

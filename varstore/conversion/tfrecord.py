@@ -22,7 +22,6 @@ from __future__ import annotations
 import gzip
 import struct
 import zlib
-from functools import cached_property
 from typing import Any, BinaryIO, Iterator
 
 import numpy as np
@@ -31,8 +30,8 @@ from ..dataset.writer import ShardedWriter
 from ..errors import CommandError, UsageError
 from ..format.checksum import crc32c
 from ..progress import Counter
-from .input_files import InputFile, input_files, open_input
-from .source_base import Source, append_record, even_parts
+from .input_files import FilesSource, open_input
+from .source_base import append_record
 
 _MASK_DELTA = 0xA282EAD8
 _HEADER = struct.Struct("<QI")  # the length, and its masked CRC
@@ -245,7 +244,7 @@ def _packed_varints(data: memoryview, where: str) -> np.ndarray:
     return np.bitwise_or.reduceat(parts, starts)
 
 
-class TFRecordSource(Source):
+class TFRecordSource(FilesSource):
     """The TFRecord files that `spec` names (a path, URL, brace pattern, glob or ``::`` list; `input_files`)."""
 
     def __init__(self, spec: str, *, codec: str | None, compression_type: str | None, max_record_bytes: int,
@@ -258,23 +257,6 @@ class TFRecordSource(Source):
         self.codec = codec or "msgpack"
         self.spec, self.max_record_bytes, self.storage_options = spec, max_record_bytes, storage_options
         self.compression_type = None if compression_type is None else compression_type.upper()
-
-    @cached_property
-    def files(self) -> list[InputFile]:
-        """The files, listed once in the process that splits the work (a worker is handed its own)."""
-        return input_files(self.spec, self.storage_options)
-
-    @property
-    def total(self) -> int:  # type: ignore[override]
-        return sum(file.size for file in self.files)
-
-    def whole(self) -> dict[str, Any]:
-        return {"files": [(file.name, file.size) for file in self.files]}
-
-    def split(self, count: int) -> list[dict[str, Any]]:
-        """Parts of consecutive files."""
-        files = self.whole()["files"]
-        return [{"files": files[part["first"] : part["stop"]]} for part in even_parts(count, len(files))]
 
     def write_part(self, writer: ShardedWriter, progress: Counter, part: dict[str, Any]) -> None:
         for name, size in part["files"]:

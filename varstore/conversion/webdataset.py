@@ -24,14 +24,13 @@ import lzma
 import re
 import tarfile
 import zlib
-from functools import cached_property
 from typing import Any, Callable, Iterator
 
 from ..dataset.writer import ShardedWriter
 from ..errors import CommandError
 from ..progress import Counter
-from .input_files import InputFile, input_files, open_input
-from .source_base import Source, append_record, even_parts
+from .input_files import FilesSource, InputFile, open_input
+from .source_base import append_record
 
 # What a damaged or cut tar raises, through tarfile and each decompressor.
 _READ_ERRORS = (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError)
@@ -61,7 +60,7 @@ _DECODERS: dict[str, Callable[[bytes], Any]] = {
 }
 
 
-class WebDatasetSource(Source):
+class WebDatasetSource(FilesSource):
     """The tars that `spec` names (a path, URL, brace pattern, glob or ``::`` list; `input_files`), read in order."""
 
     codec = "msgpack"
@@ -70,23 +69,6 @@ class WebDatasetSource(Source):
                  storage_options: dict[str, Any] | None) -> None:
         self.spec, self.decode, self.max_record_bytes = spec, decode, max_record_bytes
         self.storage_options = storage_options
-
-    @cached_property
-    def files(self) -> list[InputFile]:
-        """The tars, listed once in the process that splits the work (a worker is handed its own)."""
-        return input_files(self.spec, self.storage_options)
-
-    @property
-    def total(self) -> int:  # type: ignore[override]
-        return sum(file.size for file in self.files)
-
-    def whole(self) -> dict[str, Any]:
-        return {"files": [(file.name, file.size) for file in self.files]}
-
-    def split(self, count: int) -> list[dict[str, Any]]:
-        """Parts of consecutive tars."""
-        files = self.whole()["files"]
-        return [{"files": files[part["first"] : part["stop"]]} for part in even_parts(count, len(files))]
 
     def write_part(self, writer: ShardedWriter, progress: Counter, part: dict[str, Any]) -> None:
         for name, size in part["files"]:
