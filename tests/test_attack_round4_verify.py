@@ -158,6 +158,7 @@ def test_ctrl_c_during_verify_with_workers_exits_promptly_with_keyboard_interrup
     child = run_child("""
         import os, signal, sys
         import varstore
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a suite started in the background ignores SIGINT
         sent = []
         def progress(amount):
             if not sent:
@@ -181,6 +182,7 @@ def test_ctrl_c_during_cli_verify_with_workers_prints_interrupted_and_exits_130(
         import os, signal, sys
         import varstore.shard.reader as reader_module
         from varstore.cli import main
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a suite started in the background ignores SIGINT
         real_verify = reader_module.Reader.verify
         sent = []
         def verify_after_an_interrupt(self, progress=None):

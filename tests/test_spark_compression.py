@@ -54,7 +54,7 @@ def test_each_partitions_shards_train_dictionaries_of_their_own(tmp_path: Path) 
                             compression="zstd-dict", compression_level=2)
     assert len(names) == 6 and len({name.split("-")[2] for name in names}) == PARTITIONS
     facts = [header_facts((tmp_path / "spark" / f"{name}.index").read_bytes()) for name in names]
-    assert [(major, compression, member) for major, compression, _, member in facts] == [(2, 2, {"name": "zstd-dict", "level": 8})] * 6
+    assert [(major, compression, member) for major, compression, _, member in facts] == [(2, 2, {"name": "zstd-dict", "level": 5})] * 6
     dictionaries = [dictionary_of((tmp_path / "spark" / f"{name}.index").read_bytes()) for name in names]
     assert all(dictionary[:4] == b"\x37\xa4\x30\xec" for dictionary in dictionaries)  # zstd's dictionary magic
     assert len(set(dictionaries)) == 6
