@@ -125,24 +125,24 @@ def _flat_array(data: bytes, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndar
 
 def _numpy_array(data: bytes) -> np.ndarray:
     """litdata's NumpySerializer: uint32 dtype number, uint32 rank, uint32 dimensions, the values."""
-    if len(data) < 8:
-        raise _ItemError("a numpy leaf shorter than its header")
-    code, rank = struct.unpack_from("<II", data)
-    if code not in _NUMPY_DTYPES or len(data) < 8 + 4 * rank:
-        raise _ItemError(f"a numpy leaf with dtype number {code} and rank {rank} that its bytes do not hold")
-    shape = struct.unpack_from(f"<{rank}I", data, 8)
-    return _flat_array(data[8 + 4 * rank :], np.dtype(_NUMPY_DTYPES[code]), shape)
+    return _shaped_leaf(data, "<", _NUMPY_DTYPES, "a numpy leaf")
 
 
 def _tensor(data: bytes) -> np.ndarray:
     """litdata's TensorSerializer: big-endian uint32 dtype number and rank, then dimensions, then the values."""
+    return _shaped_leaf(data, ">", _TORCH_DTYPES, "a tensor leaf")
+
+
+def _shaped_leaf(data: bytes, order: str, dtypes: dict[int, Any], what: str) -> np.ndarray:
+    """An array stored as a uint32 dtype number (a key of `dtypes`), a uint32 rank and the dimensions, in byte
+    `order`, then the values."""
     if len(data) < 8:
-        raise _ItemError("a tensor leaf shorter than its header")
-    code, rank = struct.unpack_from(">II", data)
-    if code not in _TORCH_DTYPES or len(data) < 8 + 4 * rank:
-        raise _ItemError(f"a tensor leaf with dtype number {code} and rank {rank} that its bytes do not hold")
-    shape = struct.unpack_from(f">{rank}I", data, 8)
-    return _flat_array(data[8 + 4 * rank :], np.dtype(_TORCH_DTYPES[code]), shape)
+        raise _ItemError(f"{what} shorter than its header")
+    code, rank = struct.unpack_from(f"{order}II", data)
+    if code not in dtypes or len(data) < 8 + 4 * rank:
+        raise _ItemError(f"{what} with dtype number {code} and rank {rank} that its bytes do not hold")
+    shape = struct.unpack_from(f"{order}{rank}I", data, 8)
+    return _flat_array(data[8 + 4 * rank :], np.dtype(dtypes[code]), shape)
 
 
 def _png_of_raw_pixels(data: bytes) -> bytes:
