@@ -394,6 +394,11 @@ class Shard:
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
+    @property
+    def data_crc32c_recorded(self) -> bool:
+        """§1.2: in 1.x the metadata member "data_crc32c" (checked at open) says the header's field is not recorded."""
+        return self.header["major_version"] != 1 or "data_crc32c" not in self.metadata
+
     def record(self, i: int) -> Any:
         """Record i, with the checks of every read (§1.3): its offsets are in order and inside the data; it decodes."""
         require(0 <= i < len(self), "§1.3 read", f"record {i} does not exist")
@@ -410,7 +415,7 @@ class Shard:
         for i in range(len(self)):
             payload = self.data[self.offsets[i] : self.offsets[i + 1]]
             require(self.checksums is None or crc32c(payload) == self.checksums[i], "§1.3 verify", f"record {i} checksum")
-        require(crc32c(self.data) == self.header["data_crc32c"], "§1.3 verify", "data_crc32c")
+        require(not self.data_crc32c_recorded or crc32c(self.data) == self.header["data_crc32c"], "§1.3 verify", "data_crc32c")
         for i in range(len(self)):
             self.record(i)
 
@@ -494,6 +499,9 @@ def _open_checked(index: bytes, data: bytes, header: dict) -> Shard:
     require(isinstance(metadata.get("codec"), dict) and isinstance(metadata.get("user"), dict), "§1.4", '"codec" and "user" objects')
     require(header["codec"] in CODEC_NAMES, "§2", f"codec id {header['codec']}")
     codec = codec_from(CODEC_NAMES[header["codec"]], metadata["codec"], "§2")
+    if header["major_version"] == 1 and "data_crc32c" in metadata:
+        require(metadata["data_crc32c"] == "not recorded", "§1.3 step 7", f'"data_crc32c" member {metadata["data_crc32c"]!r}')
+        require(header["data_crc32c"] == 0, "§1.3 step 7", 'data_crc32c not 0 beside "data_crc32c": "not recorded"')
     dictionary = index[dictionary_start:dictionary_end]
     if header["compression"]:
         member, name = metadata.get("compression"), COMPRESSION_NAMES[header["compression"]]
@@ -585,6 +593,7 @@ def read_shard(prefix: str) -> dict:
         "record_count": header["record_count"],
         "data_size": header["data_size"],
         "data_crc32c": header["data_crc32c"],
+        "data_crc32c_recorded": shard.data_crc32c_recorded,
         "records": [shard.record(i) for i in range(header["record_count"])],
     }
 

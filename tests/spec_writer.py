@@ -19,6 +19,7 @@ from .spec_reader import crc32c
 
 CODEC_IDS = {"bytes": 0, "str": 1, "ndarray": 2, "msgpack": 3}
 FORMAT_VERSION = (1, 1)
+DATA_CRC_UNRECORDED_VERSION = (1, 3)  # §1.2: a shard whose metadata says its data_crc32c is not recorded
 MAGIC = b"\x89VSI\r\n\x1a\n"
 
 # struct letters of each §2.1 dtype (complex: the letter of each of its two parts) and its itemsize.
@@ -299,7 +300,9 @@ def write_shard(description: dict[str, Any]) -> ShardBytes:
     codec, params = description["codec"], description["codec_params"]
     payloads = [record_payload(codec, params, from_notation(record)) for record in description["records"]]
     data = b"".join(payloads)
-    metadata = canonical_json({"codec": params, "user": description["metadata"]})
+    recorded = description.get("data_crc32c_recorded", True)
+    unrecorded = {} if recorded else {"data_crc32c": "not recorded"}
+    metadata = canonical_json({"codec": params, "user": description["metadata"], **unrecorded})
     offsets = [0]
     for payload in payloads:
         offsets.append(offsets[-1] + len(payload))
@@ -309,8 +312,8 @@ def write_shard(description: dict[str, Any]) -> ShardBytes:
         body += struct.pack(f"<{len(payloads)}I", *map(crc32c, payloads))
     edge = crc32c(data[:4096] + data[len(data) - min(4096, len(data)) :])
     header = MAGIC + struct.pack(
-        "<HHBBHQQQIII8s", *FORMAT_VERSION, CODEC_IDS[codec], 0, flags, len(payloads), len(data), len(metadata),
-        crc32c(data), edge, crc32c(body), bytes(8),
+        "<HHBBHQQQIII8s", *(FORMAT_VERSION if recorded else DATA_CRC_UNRECORDED_VERSION), CODEC_IDS[codec], 0, flags,
+        len(payloads), len(data), len(metadata), crc32c(data) if recorded else 0, edge, crc32c(body), bytes(8),
     )
     return ShardBytes(header + struct.pack("<I", crc32c(header)) + body, data)
 

@@ -98,7 +98,7 @@ def test_an_import_killed_before_its_manifest_leaves_no_openable_dataset_and_a_c
         def killed(*args, **kwargs):
             os.kill(os.getpid(), signal.SIGKILL)
         megatron.{killed_in} = killed
-        megatron.import_megatron({prefix!r}, {destination!r})
+        megatron.import_megatron({prefix!r}, {destination!r}, data_crc=True)
     """)
     completed = subprocess.run([sys.executable, "-c", killed], check=False, capture_output=True, timeout=120)
     assert completed.returncode == -9, completed.stderr
@@ -171,7 +171,7 @@ def test_export_refuses_a_record_too_long_for_megatrons_int32_lengths(tmp_path):
     directory.mkdir()
     offsets = np.array([0, tokens], np.uint64)
     megatron._write_shard(str(directory / megatron.SHARD_NAME), bin_path,
-                          MegatronIndex(np.dtype("uint8"), offsets, np.array([0, 1], np.int64)), {}, False)
+                          MegatronIndex(np.dtype("uint8"), offsets, np.array([0, 1], np.int64)), {}, False, False)
     with pytest.raises(VarstoreError, match="2147483648"):
         export_megatron(str(directory / megatron.SHARD_NAME), str(tmp_path / "out"))
 
@@ -204,5 +204,5 @@ def test_a_bin_truncated_during_the_checksum_pass_is_an_error_and_leaves_nothing
 
     monkeypatch.setattr(megatron, "_data_checksums", truncate_then_checksum)
     with pytest.raises(VarstoreError, match="corpus.bin"):
-        import_megatron(corpus, str(tmp_path / "dest"))
+        import_megatron(corpus, str(tmp_path / "dest"), data_crc=True)
     assert not os.path.exists(tmp_path / "dest")

@@ -120,9 +120,9 @@ def test_the_one_checksum_pass_is_right_across_its_steps(tmp_path, monkeypatch):
 
 
 def test_a_record_changed_after_import_fails_verification(tmp_path):
-    """The header's data checksum is the .bin's own: a token changed after the import is found."""
+    """With data_crc the header's data checksum is the .bin's own: a token changed after the import is found."""
     write_megatron(str(tmp_path / "corpus"), [np.arange(10000, dtype=np.uint16)], "uint16")
-    import_megatron(tmp_path / "corpus", tmp_path / "dataset")
+    import_megatron(tmp_path / "corpus", tmp_path / "dataset", data_crc=True)
     with open(tmp_path / "corpus.bin", "r+b") as file:  # the same inode as the dataset's data file
         file.seek(9000)
         file.write(b"\xff")

@@ -137,6 +137,7 @@ def test_spec_only_reader_reads_vector_back_to_its_description(name):
     assert shard["codec"] == spec_writer.CODEC_IDS[expected["codec"]]
     for field in ("codec_params", "metadata", "record_checksums", *HEADER_FACTS):
         assert _json_text(shard[field]) == _json_text(expected[field]), field
+    assert shard["data_crc32c_recorded"] == expected.get("data_crc32c_recorded", True)
     for index, (record, spelled) in enumerate(zip(shard["records"], expected["records"], strict=True)):
         assert _notation_text(spec_reader.notation(record)) == _notation_text(spelled), f"record {index}"
 
@@ -148,6 +149,7 @@ def test_library_reads_vector_back_to_its_description(name):
         reader.verify()
         assert reader.codec == expected["codec"]
         assert reader.header.has_record_checksums == expected["record_checksums"]
+        assert reader.header.data_crc_recorded == expected.get("data_crc32c_recorded", True)
         assert _json_text(reader.metadata) == _json_text(expected["metadata"])
         assert len(reader) == expected["record_count"]
         for index, (record, spelled) in enumerate(zip(reader, expected["records"], strict=True)):

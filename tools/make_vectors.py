@@ -11,7 +11,9 @@ knows only the spec, writes the same bytes.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +21,33 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import varstore  # noqa: E402
-from varstore.format.notation import from_json
+from varstore.conversion.megatron import SHARD_NAME, export_megatron, import_megatron  # noqa: E402
+from varstore.format.notation import from_json  # noqa: E402
 
 VECTORS = ROOT / "spec" / "vectors"
 
 
 def write_vector(prefix: Path, description: dict[str, Any]) -> None:
-    """Write the shard `description` describes at `prefix` with varstore's Writer, replacing any old one."""
+    """Write the shard `description` describes at `prefix` with varstore's Writer (or, for a shard whose data
+    CRC32C is not recorded, its Megatron import), replacing any old one."""
+    if not description.get("data_crc32c_recorded", True):
+        _write_imported_vector(prefix, description)
+        return
+    _write_records(prefix, description)
+
+
+def _write_imported_vector(prefix: Path, description: dict[str, Any]) -> None:
+    """The records written, exported as a Megatron .bin + .idx and imported back without reading the .bin (§1.2's
+    1.3), the imported shard's files copied to `prefix`."""
+    with tempfile.TemporaryDirectory() as scratch:
+        _write_records(Path(scratch) / "records", description)
+        export_megatron(Path(scratch) / "records", Path(scratch) / "corpus")
+        import_megatron(Path(scratch) / "corpus", Path(scratch) / "dataset")
+        for suffix in (".index", ".data"):
+            shutil.copyfile(Path(scratch) / "dataset" / (SHARD_NAME + suffix), str(prefix) + suffix)
+
+
+def _write_records(prefix: Path, description: dict[str, Any]) -> None:
     params = description["codec_params"]
     with varstore.Writer(
         prefix,

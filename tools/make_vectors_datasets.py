@@ -220,6 +220,13 @@ SHARD_CASES: dict[str, Case] = {
         lambda s: _with(bytes_shard(s), lambda shard: setattr(shard, "tail", b"\x00"))),
     "padding-not-zero": Case("§1.3 step 7", "A padding byte after the metadata is 0x20 (a space).", "open",
         lambda s: _with(bytes_shard(s), _space_padding)),
+    "data-crc32c-member-other-value": Case("§1.3 step 7", 'The metadata member "data_crc32c" is "recorded" (its one value '
+        'is "not recorded", §1.2); the header\'s data_crc32c is 0.', "open",
+        lambda s: _with(metadata_shard(s, b'{"codec":{},"data_crc32c":"recorded","user":{}}'),
+                        lambda shard: shard.set(data_crc32c=0))),
+    "data-crc32c-not-recorded-but-nonzero": Case("§1.3 step 7", 'The metadata says "data_crc32c": "not recorded" but the '
+        "header's data_crc32c is the data's CRC32C, not 0 (§1.2).", "open",
+        lambda s: metadata_shard(s, b'{"codec":{},"data_crc32c":"not recorded","user":{}}')),
     "metadata-bom": Case("§1.4", "The metadata starts with a UTF-8 byte order mark.", "open",
         lambda s: metadata_shard(s, b'\xef\xbb\xbf{"codec":{},"user":{}}')),
     "metadata-nan": Case("§1.4", "The metadata holds NaN.", "open",

@@ -14,9 +14,10 @@ from .output import plural
 _IMPORT_EPILOG = f"""cost:
   The dataset's data file is a hard link of PREFIX.bin: no token is copied
   (across filesystems it is copied, and the command says so). The new index
-  takes 8 bytes a sequence (12 with --checksums); the whole .bin is read once,
-  for the data checksum the format keeps in every shard's header (and, with
-  --checksums, each record's).
+  takes 8 bytes a sequence (12 with --checksums). Only the .idx and the first
+  and last 4 KiB of the .bin are read: the shard says its whole-file data
+  checksum is not recorded, and `varstore verify` checks everything else and
+  says so. --data-crc (or --checksums) reads the whole .bin once to record it.
 
 documents:
   Megatron's document indices are in the metadata "megatron": "one per sequence"
@@ -38,7 +39,10 @@ def add_parser(commands: Any) -> None:
                               "PREFIX.idx, one ndarray record per sequence.", epilog=_IMPORT_EPILOG)
     megatron.add_argument("prefix", metavar="PREFIX", type=resolve_file_url, help="the path of PREFIX.bin and PREFIX.idx, without the suffix")
     megatron.add_argument("destination", metavar="DST", type=resolve_file_url, help="the dataset directory to write: new or empty")
-    megatron.add_argument("--checksums", action="store_true", help="also store each record's CRC32C (same one pass)")
+    megatron.add_argument("--checksums", action="store_true",
+                          help="also store each record's CRC32C (one pass over the .bin, which records the data CRC32C too)")
+    megatron.add_argument("--data-crc", action="store_true",
+                          help="read the whole .bin once to record its CRC32C in the header (default: not recorded)")
 
     exporting = commands.add_parser("export", help="write a dataset in another library's format in place",
                                     description="Write a shard or dataset in another library's format, without copying its data.")
@@ -57,7 +61,8 @@ def _describe(made: MegatronSummary, where: str) -> None:
 
 
 def _run_import(args: argparse.Namespace) -> int:
-    _describe(import_megatron(args.prefix, args.destination, checksums=args.checksums), args.destination)
+    _describe(import_megatron(args.prefix, args.destination, checksums=args.checksums, data_crc=args.data_crc),
+              args.destination)
     return 0
 
 

@@ -60,6 +60,11 @@ def _print_text(report: VerifyReport, measured: str) -> None:
               f"({listing([check.name for check in bad])}); {measured}")
     else:
         print(measured)
+    unrecorded = report.data_crc_unrecorded
+    if unrecorded:
+        print(f"note: the data CRC32C of {plural(len(unrecorded), 'shard')} ({listing(unrecorded)}) is not recorded "
+              "(e.g. a Megatron import without --data-crc): the structure, edges and record checksums (when present) "
+              "were checked, not the whole data file's checksum")
 
 
 def _print_json(report: VerifyReport) -> None:
@@ -72,6 +77,7 @@ def _print_json(report: VerifyReport) -> None:
         "seconds": report.seconds,
         "bytes_per_second": report.bytes_per_second,
         "shards": [{**asdict(check), "ok": check.ok} for check in report.shards],
+        "data_crc_unrecorded": report.data_crc_unrecorded,
         "temporary_files": report.temporary_files,
         "writer_running": report.writer_running,
         "removed_temporary_files": report.removed_temporary_files,

@@ -162,14 +162,16 @@ def _checked_document_indices(document_indices: np.ndarray, sequences: int, idx_
     return document_indices
 
 
-def import_megatron(prefix: str | os.PathLike[str], destination: str | os.PathLike[str], *, checksums: bool = False) -> MegatronSummary:
+def import_megatron(prefix: str | os.PathLike[str], destination: str | os.PathLike[str], *, checksums: bool = False,
+                    data_crc: bool = False) -> MegatronSummary:
     """Make a one-shard ``ndarray`` dataset at `destination` (a new or empty directory) of the Megatron dataset
     ``PREFIX.bin`` + ``PREFIX.idx``, one record per sequence, its data file a hard link of the ``.bin`` (a copy when
     the destination is on another filesystem: `MegatronSummary.linked` says which).
 
-    Reads the ``.idx`` and 8 KiB of the ``.bin`` (the ends, §1.2's edge checksum), then the whole ``.bin`` once
-    for the header's data checksum, which the format requires; with `checksums`, that same pass also computes
-    each record's CRC32C. Writes an index of 8 bytes a sequence (12 with checksums).
+    Reads the ``.idx`` and 8 KiB of the ``.bin`` (the ends, §1.2's edge checksum), and no other byte of it: the
+    shard (format 1.3) says its data CRC32C is not recorded. With `data_crc`, or `checksums` (each record's
+    CRC32C), the whole ``.bin`` is read once and the data CRC32C recorded too (format 1.1). Writes an index of 8
+    bytes a sequence (12 with checksums).
     """
     prefix = resolve_file_url(prefix)
     bin_path, idx_path = prefix + ".bin", prefix + ".idx"
@@ -191,7 +193,8 @@ def import_megatron(prefix: str | os.PathLike[str], destination: str | os.PathLi
                 with Writer(os.path.join(directory, DOCUMENTS_SHARD_NAME), "ndarray", dtype="<i8") as side:
                     side.append(document_indices)
                 written += fmt.shard_paths(os.path.join(directory, DOCUMENTS_SHARD_NAME))
-            linked = _write_shard(os.path.join(directory, SHARD_NAME), bin_path, index, {"megatron": megatron}, checksums)
+            linked = _write_shard(os.path.join(directory, SHARD_NAME), bin_path, index, {"megatron": megatron}, checksums,
+                                  data_crc or checksums)
             written += fmt.shard_paths(os.path.join(directory, SHARD_NAME))
             write_manifest(directory, [SHARD_NAME], metadata={"megatron": megatron})
         except BaseException:
@@ -200,13 +203,15 @@ def import_megatron(prefix: str | os.PathLike[str], destination: str | os.PathLi
     return MegatronSummary(len(index.offsets) - 1, len(document_indices) - 1, linked)
 
 
-def _write_shard(path: str, bin_path: str, index: MegatronIndex, user: dict[str, Any], checksums: bool) -> bool:
+def _write_shard(path: str, bin_path: str, index: MegatronIndex, user: dict[str, Any], checksums: bool,
+                 data_crc: bool) -> bool:
     """Commit shard `path`: its data file a hard link (or a copy) of `bin_path`, its index written from
-    `index.offsets` (§1.1, §1.5). Returns whether the data file is a link."""
+    `index.offsets` (§1.1, §1.5), its data CRC32C computed (one pass over the data) only if `data_crc`, else
+    recorded as not recorded (§1.2). Returns whether the data file is a link."""
     data_path, index_path = fmt.shard_paths(path)
     temporary_data, temporary_index = temporary_path(data_path), temporary_path(index_path)
     codec = make_codec("ndarray", dtype=index.dtype, shape=[])
-    metadata = encode_metadata(codec.params(), user)
+    metadata = encode_metadata(codec.params(), user, data_crc_recorded=data_crc)
     with lock_shard(path):
         try:
             linked = _link_or_copy(bin_path, temporary_data)
@@ -215,7 +220,8 @@ def _write_shard(path: str, bin_path: str, index: MegatronIndex, user: dict[str,
                 if os.fstat(data_file.fileno()).st_size != data_size:
                     raise FormatError(f"is {os.fstat(data_file.fileno()).st_size} bytes now, {data_size} when its "
                                       f".idx was checked: it changed during the import", path=bin_path)
-                data_crc, record_crcs = _data_checksums(data_file.fileno(), bin_path, index.offsets, checksums)
+                data_crc32c, record_crcs = (_data_checksums(data_file.fileno(), bin_path, index.offsets, checksums)
+                                            if data_crc else (0, None))
                 head = pread_exactly(data_file.fileno(), min(fmt.EDGE_SIZE, data_size), 0, bin_path)
                 tail_length = min(fmt.EDGE_SIZE, data_size)
                 tail = pread_exactly(data_file.fileno(), tail_length, data_size - tail_length, bin_path)
@@ -231,7 +237,8 @@ def _write_shard(path: str, bin_path: str, index: MegatronIndex, user: dict[str,
             header = fmt.Header(
                 codec_id=codec.id, flags=fmt.FLAG_RECORD_CHECKSUMS if checksums else 0,
                 record_count=len(index.offsets) - 1, data_size=data_size, metadata_size=len(metadata),
-                data_crc32c=data_crc, data_edge_crc32c=fmt.edge_crc32c(head, tail), body_crc32c=body_crc,
+                data_crc32c=data_crc32c, data_edge_crc32c=fmt.edge_crc32c(head, tail), body_crc32c=body_crc,
+                minor_version=fmt.MINOR_VERSION if data_crc else fmt.DATA_CRC_UNRECORDED_MINOR_VERSION,
             )
             descriptor = os.open(temporary_index, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:

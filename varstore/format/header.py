@@ -15,9 +15,10 @@ and its last reserved 8 bytes hold D and the dictionary's CRC32C.
 
 Header fields, in order: magic (8 bytes), major version (u16), minor version
 (u16), codec (u8), reserved (u8, zero), flags (u16), record count N (u64), data
-size (u64), metadata size M (u64), CRC32C of the whole data file (u32), CRC32C of
-its first and last 4096 bytes (u32), CRC32C of index bytes [64, end) (u32), 8
-reserved zero bytes, CRC32C of header bytes [0, 60) (u32).
+size (u64), metadata size M (u64), CRC32C of the whole data file (u32; 0 when
+the metadata says it is not recorded, format 1.3), CRC32C of its first and last
+4096 bytes (u32), CRC32C of index bytes [64, end) (u32), 8 reserved zero bytes,
+CRC32C of header bytes [0, 60) (u32).
 
 ``spec/FORMAT.md`` is the normative text; this package is its executable form.
 """
@@ -26,11 +27,12 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import FormatError
 from . import compression as zstd_format
 from .checksum import Buffer, crc32c, crc32c_combine
-from .metadata import MAX_METADATA_SIZE
+from .metadata import DATA_CRC_MEMBER, DATA_CRC_UNRECORDED, MAX_METADATA_SIZE
 
 MAGIC = b"\x89VSI\r\n\x1a\n"
 
@@ -42,6 +44,10 @@ MINOR_VERSION = 1
 
 
 AUTO_NONE_MINOR_VERSION = 2  # 1.2: an uncompressed shard whose metadata records what "auto" measured (§1.6)
+
+
+DATA_CRC_UNRECORDED_MINOR_VERSION = 3  # 1.3: an uncompressed shard whose data_crc32c is not recorded (§1.2)
+
 
 
 COMPRESSED_VERSION = (2, 0)
@@ -101,6 +107,8 @@ class Header:
     compression: int = zstd_format.NONE
     dictionary_size: int = 0
     dictionary_crc32c: int = 0
+    # Not a header byte: False when the metadata says `data_crc32c` is not recorded (§1.2), set at open.
+    data_crc_recorded: bool = True
 
     @property
     def major_version(self) -> int:
@@ -224,6 +232,22 @@ def _check_compression_fields(compression: int, dictionary_size: int, dictionary
         raise FormatError(
             f"dictionary size {dictionary_size} is outside [8, {zstd_format.MAX_DICTIONARY_SIZE}]", path=path
         )
+
+
+def data_crc_recorded(header: Header, metadata: dict[str, Any], *, path: str) -> bool:
+    """§1.3 step 7's check of the metadata's ``"data_crc32c"`` member (§1.2) of a shard with `header`: absent (or
+    in a 2.x shard, where it is not defined and ignored), the header's data_crc32c is recorded; present, it
+    must be ``"not recorded"`` and the header's field 0. Returns whether the data CRC32C is recorded."""
+    if header.major_version != MAJOR_VERSION or DATA_CRC_MEMBER not in metadata:
+        return True
+    member = metadata[DATA_CRC_MEMBER]
+    if member != DATA_CRC_UNRECORDED:
+        raise FormatError(f'the metadata\'s "{DATA_CRC_MEMBER}" member is {member!r}; its one value is '
+                          f'{DATA_CRC_UNRECORDED!r}', path=path)
+    if header.data_crc32c != 0:
+        raise FormatError(f"the header's data_crc32c is {header.data_crc32c:#010x} but the metadata says it is "
+                          f"{DATA_CRC_UNRECORDED}: it must then be 0", path=path)
+    return False
 
 
 def index_crc32c(header: Header) -> int:

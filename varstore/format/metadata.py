@@ -75,10 +75,20 @@ def canonical_json(value: Any, *, what: str) -> bytes:
     return dump_strict_json(value, what=what, sort_keys=True, separators=(",", ":"))
 
 
-def encode_metadata(codec_params: dict[str, Any], user: dict[str, Any], compression: dict[str, Any] | None = None) -> bytes:
+DATA_CRC_MEMBER = "data_crc32c"  # the member saying the header's data_crc32c is not recorded (§1.2)
+
+
+DATA_CRC_UNRECORDED = "not recorded"  # its one value
+
+
+def encode_metadata(codec_params: dict[str, Any], user: dict[str, Any], compression: dict[str, Any] | None = None,
+                    *, data_crc_recorded: bool = True) -> bytes:
     """The metadata block: canonical JSON, so equal inputs give equal bytes; refuses what a reader would refuse.
-    `compression` is the member a compressed shard (or one "auto" left raw) holds (§1.6)."""
+    `compression` is the member a compressed shard (or one "auto" left raw) holds (§1.6); without
+    `data_crc_recorded` the block says the header's data_crc32c is not recorded (§1.2)."""
     members = {"codec": codec_params, "user": user} | ({"compression": compression} if compression is not None else {})
+    if not data_crc_recorded:
+        members[DATA_CRC_MEMBER] = DATA_CRC_UNRECORDED
     raw = canonical_json(members, what="metadata")
     if len(raw) > MAX_METADATA_SIZE:
         raise FormatError(f"metadata is {len(raw)} bytes, over the limit of {MAX_METADATA_SIZE}")

@@ -97,14 +97,24 @@ def _verify_arrival(location: str, options: dict[str, Any]) -> None:
         raise CommandError(f"{location}: the copy failed verification on arrival and was removed: {damage}")
 
 
-def _verify_listed(local: str, entry: ShardEntry, codec: Any) -> None:
+def _verify_listed(local: str, entry: ShardEntry, codec: Any, destination: str) -> None:
     with open_listed_shard(os.path.dirname(local) or ".", entry, codec) as reader:
+        _refuse_unrecorded_data_crc(reader, destination)
         verify_listed_shard(reader, entry)
 
 
-def _verify_lone(local: str) -> None:
+def _verify_lone(local: str, destination: str) -> None:
     with Reader(local) as reader:
+        _refuse_unrecorded_data_crc(reader, destination)
         reader.verify()
+
+
+def _refuse_unrecorded_data_crc(reader: Reader, destination: str) -> None:
+    """Object storage names and checks a downloaded data file by its data CRC32C, so a shard that records none
+    (§1.2: a Megatron import without ``--data-crc``) cannot go there; refused before its bytes are sent."""
+    if is_url(destination) and not reader.header.data_crc_recorded:
+        raise UsageError(f"{reader.index_path}: its data CRC32C is not recorded (imported without --data-crc), and object storage "
+                         f"checks every download by it: import it again with --data-crc to copy it to {destination}")
 
 
 class _ShardDestination:
@@ -168,7 +178,7 @@ def _copy_dataset(store: ShardedReader, destination: str, sources: _SourceShards
         with reporting(progress, total) as advance:
             for entry, prefix in zip(manifest.shards, store.shard_paths):
                 for local in sources.local(prefix):
-                    _checked(lambda: _verify_listed(local, entry, codec), prefix)
+                    _checked(lambda: _verify_listed(local, entry, codec, destination), prefix)
                     target.put_shard(local, entry.name, advance)
         target.commit(Manifest(manifest.codec, manifest.codec_params, manifest.metadata, list(manifest.shards)))
         if verify:
@@ -184,7 +194,7 @@ def _copy_shard(store: Store, destination: str, sources: _SourceShards, *, overw
     with _ShardDestination(destination, options["storage_options"], overwrite) as target:
         with reporting(progress, total) as advance:
             for local in sources.local(prefix):
-                _checked(lambda: _verify_lone(local), prefix)
+                _checked(lambda: _verify_lone(local, destination), prefix)
                 target.put(local, advance)
         if verify:
             _verify_arrival(target.location, options)

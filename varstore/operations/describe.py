@@ -102,7 +102,7 @@ class Description:
     compression: str | None  # "none", "zstd" or "zstd-dict"; None for a dataset whose intact shards differ (or none)
     dictionary_size: int  # every dictionary's bytes (in the index files)
     raw_size: int | None  # the bytes the records decode to; None when a shard is damaged
-    data_crc32c: int | None = None  # a shard's
+    data_crc32c: int | None = None  # a shard's; None when it records none (§1.2)
     manifest_version: int | None = None  # a dataset's
     shards: list[ShardDescription] = field(default_factory=list)  # a dataset's
 
@@ -297,7 +297,8 @@ def _describe(store: Store, storage_options: dict[str, Any] | None) -> Descripti
             path=store.path, kind="shard", files=(os.path.basename(store.index_path), os.path.basename(store.data_path)),
             format_version=shard.format_version, record_checksums=shard.record_checksums,
             record_count=shard.record_count, data_size=shard.data_size, index_size=shard.index_size,
-            file_size=header.data_size + header.index_size, data_crc32c=header.data_crc32c,
+            file_size=header.data_size + header.index_size,
+            data_crc32c=header.data_crc32c if header.data_crc_recorded else None,
             compression=shard.compression, dictionary_size=shard.dictionary_size, raw_size=shard.raw_size,
             **common, **_lengths(store, shard.raw_size),
         )

@@ -35,13 +35,16 @@ __all__ = ["ShardCheck", "VerifyReport", "verify"]
 
 @dataclass
 class ShardCheck:
-    """The outcome for one shard; `bad_records` are indices within the shard, `first_record` its global index."""
+    """The outcome for one shard; `bad_records` are indices within the shard, `first_record` its global index.
+    `data_crc_recorded` is False for a shard whose header records no data CRC32C (§1.2: everything else was
+    checked, not the whole data file's checksum)."""
 
     name: str
     first_record: int
     records: int
     error: str | None = None
     bad_records: list[int] = field(default_factory=list)
+    data_crc_recorded: bool = True
 
     @property
     def ok(self) -> bool:
@@ -82,6 +85,11 @@ class VerifyReport:
         return [check for check in self.shards if not check.ok]
 
     @property
+    def data_crc_unrecorded(self) -> list[str]:
+        """The shards whose data CRC32C is not recorded, so verification could not check it (§1.2)."""
+        return [check.name for check in self.shards if not check.data_crc_recorded]
+
+    @property
     def bad_records(self) -> list[int]:
         """The damaged records found, numbered as in the dataset (as in the shard, for a lone shard)."""
         return [check.first_record + index for check in self.shards for index in check.bad_records]
@@ -104,22 +112,29 @@ def describe_damage(checks: list[ShardCheck]) -> str | None:
     return "; ".join(f"{check.name}: {check.describe()}" for check in bad[:3]) + more
 
 
-def _check(check: ShardCheck, verify_shard: Callable[[], None]) -> None:
+def _check(check: ShardCheck, verify_shard: Callable[[], bool]) -> None:
+    """Run `verify_shard`, which returns whether the shard's data CRC32C is recorded, into `check`."""
     try:
-        verify_shard()
+        check.data_crc_recorded = verify_shard()
     except CorruptRecordError as error:
         check.error, check.bad_records = str(error), list(error.records)
     except VarstoreError as error:
         check.error = str(error)
 
 
+def _verified(shard: Any, progress: Advance) -> bool:
+    """Verify `shard` (a reader); whether its data CRC32C is recorded, and so was checked."""
+    shard.verify(progress)
+    return bool(shard.header.data_crc_recorded)
+
+
 def _check_shard(reader: Any, progress: Advance) -> list[ShardCheck]:
     check = ShardCheck(reader.path, 0, len(reader))
-    _check(check, partial(reader.verify, progress))
+    _check(check, partial(_verified, reader, progress))
     return [check]
 
 
-def _check_shards(manifest: Manifest, verify_shard: Callable[[ShardEntry], None], workers: int) -> list[ShardCheck]:
+def _check_shards(manifest: Manifest, verify_shard: Callable[[ShardEntry], bool], workers: int) -> list[ShardCheck]:
     """Each shard of `manifest` checked by `verify_shard`, `workers` shards at once (on threads)."""
     firsts = [0, *accumulate(entry.records for entry in manifest.shards)]
 
@@ -136,9 +151,10 @@ def _check_dataset(directory: str, manifest: Manifest, workers: int, progress: A
     codec = codec_from_stored(manifest.codec, manifest.codec_params, path=directory)
     progress = serialised(progress) if workers > 1 else progress  # type: ignore[assignment]
 
-    def verify_shard(entry: ShardEntry) -> None:
+    def verify_shard(entry: ShardEntry) -> bool:
         with open_listed_shard(directory, entry, codec) as reader:
             verify_listed_shard(reader, entry, progress)
+            return bool(reader.header.data_crc_recorded)
 
     return _check_shards(manifest, verify_shard, workers)
 
@@ -148,10 +164,10 @@ def _check_remote_dataset(source: RemoteDatasetSource, manifest: Manifest, worke
     codec = codec_from_stored(manifest.codec, manifest.codec_params, path=source.location.url)
     progress = serialised(progress) if workers > 1 else progress  # type: ignore[assignment]
 
-    def verify_shard(entry: ShardEntry) -> None:
+    def verify_shard(entry: ShardEntry) -> bool:
         # The index is fetched verified against the entry's CRC32C, the data against the header's.
         with source.open_shard(manifest, entry, codec, verify_reads=False, replaced_check=_report_damage, whole=True) as shard:
-            shard.verify(progress)
+            return _verified(shard, progress)
 
     return _check_shards(manifest, verify_shard, workers)
 
@@ -217,7 +233,8 @@ def verify(path: str | os.PathLike[str], *, remove_temporary: bool = False,
 
     `remove_temporary` first deletes the temporary files that interrupted writers left beside a local store
     (a running writer's are left alone: it holds its lock). A store that cannot be opened at all (no shard or
-    manifest there, a manifest that does not parse) raises its `VarstoreError`. `progress`
+    manifest there, a manifest that does not parse) raises its `VarstoreError`. A shard whose data CRC32C is not
+    recorded (§1.2) is checked for everything else and named in `VerifyReport.data_crc_unrecorded`. `progress`
     (`varstore.progress`) is told the bytes of records to check and each amount checked. `workers` shards of a
     dataset are checked at once, on threads (at a URL, downloaded at once too).
     """

@@ -11,6 +11,7 @@ background; the data is never read here except the bytes a caller hands in.
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import functools
 import mmap
 import os
@@ -157,6 +158,8 @@ class ShardIndex:
         metadata = parse_strict_json(preamble[: header.metadata_size], MAX_METADATA_DEPTH, what="metadata", path=index_path)
         codec_params, _ = metadata_members(metadata, path=index_path)
         decompressor = _decompressor(header, metadata, dictionary, index_path) if header.compression else None
+        if not fmt.data_crc_recorded(header, metadata, path=index_path):
+            header = dataclasses.replace(header, data_crc_recorded=False)
         del preamble, dictionary, metadata  # the user metadata is parsed again, from the map, only if `metadata` is read
         codec = codec_from_stored(header.codec_id, codec_params, path=index_path)
         if data_size != header.data_size:
@@ -362,7 +365,7 @@ class ShardIndex:
         ``msgpack`` record as reads do.
 
         In order: the index body checksum; then, a chunk of records at a time (`VERIFY_CHUNK_BYTES`, or one
-        larger record), that the offsets never decrease, the whole data file's CRC32C (always: record
+        larger record), that the offsets never decrease, the whole data file's CRC32C (always when recorded: record
         checksums locate damage but do not vouch for the header's ``data_crc32c``), each record's checksum
         when the shard has them, and every rule of `record_rules`. Raises on a damaged structure at once;
         damaged records are all listed in one CorruptRecordError. `progress` receives byte counts of the data file.
@@ -388,7 +391,8 @@ class ShardIndex:
             if progress is not None:
                 progress(len(chunk.data))
         problems = [f"{_counted(records, *reason)}: {_describe(records)}" for reason, records in failed.items() if records]
-        if data_crc != header.data_crc32c and not failed[_BAD_CHECKSUM]:  # else those records explain it
+        # Not checked when not recorded (§1.2: the caller says so from the header), nor when damaged records explain it.
+        if header.data_crc_recorded and data_crc != header.data_crc32c and not failed[_BAD_CHECKSUM]:
             also = ", though every record passes its own checksum" if header.has_record_checksums else ""
             problems.append(
                 f"data checksum is {data_crc:#010x}, expected {header.data_crc32c:#010x} (the header's data_crc32c){also}"
