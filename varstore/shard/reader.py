@@ -202,6 +202,15 @@ def pack_flat(index: ShardIndex, indices: np.ndarray, starts: np.ndarray, ends: 
     return FlatBatch(values.view(index.dtype).reshape((-1, *(getattr(codec, "shape", None) or ()))), offsets // row_size)
 
 
+def record_slicer(index: ShardIndex, data_map: Any) -> Any:
+    """The C extension's reads of `index`'s ``bytes`` and ``str`` records from `data_map` (the whole data file),
+    which decline (None) whenever a record needs the Python path's checks or error; None without the extension,
+    for other codecs and for a compressed shard."""
+    if speedups is None or index.decompressor is not None or index.codec.name not in ("bytes", "str"):
+        return None
+    return speedups.RecordSlicer(index.map, index.header.offsets_start, index.count, data_map, index.codec.name == "str")
+
+
 class Reader(ShardReaderBase):
     """A shard opened for reading; indexing, slicing and iteration return decoded records.
 
@@ -273,11 +282,8 @@ class Reader(ShardReaderBase):
         self._fast_batch = self._slicer and self._slicer.get_batch
 
     def _record_slicer(self) -> Any:
-        """The C extension's reads of ``bytes`` and ``str`` records, which decline (None) whenever a record
-        needs the Python path's checks or error; None without the extension, other codecs or verify_reads."""
-        if speedups is None or self.verify_reads or self._decompressor is not None or self._codec.name not in ("bytes", "str"):
-            return None
-        return speedups.RecordSlicer(self._index_map, self._offsets_start, self._count, self._data_map, self._codec.name == "str")
+        """`record_slicer` of this shard's map; None with verify_reads, whose checks are the Python path's."""
+        return None if self.verify_reads else record_slicer(self._index, self._data_map)
 
     # -- description -------------------------------------------------------------------------
 

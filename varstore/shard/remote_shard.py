@@ -5,9 +5,10 @@ mapped, so offsets cost nothing; records come by ranged reads of the data object
 merged and fetched concurrently. Every record read from the network is checked against its stored CRC32C
 (when the shard has them, as varstore writes by default), because an object can be replaced under a reader
 and a network can lie. `fetch_data` brings the whole data object into the cache (streaming, `verify`);
-reads then slice the local map instead. When the node cache can hold the whole dataset, a shard read by
-ranges past a sixteenth of its bytes is fetched whole in the background (`fetch_whole_after`), so a
-training run downloads each byte about once per node while a few reads never download a shard.
+reads then decode straight from the local map, as `Reader` does, each record's CRC32C still checked
+(`_CachedData`). When the node cache can hold the whole dataset, a shard read by ranges past a sixteenth
+of its bytes is fetched whole in the background (`fetch_whole_after`), so a training run downloads each
+byte about once per node while a few reads never download a shard.
 
 The cache names both objects by what identifies this shard's content (`identity`: for a shard of a dataset,
 the dataset's version and the shard's manifest entry; for any shard, the store's tags of its two objects,
@@ -54,14 +55,14 @@ from ..errors import (
     VarstoreError,
 )
 from ..format import header as fmt
-from ..format.checksum import crc32c
+from ..format.checksum import crc32c, crc32c_of_each
 from ..local.mapping import map_file, pread_exactly
 from ..remote.cache import DamagedDownloadError
 from ..remote.filesystems import DEFAULT_ATTEMPTS, backoff_delay
 from ..remote.location import RemoteLocation
 from ..remote.read_plan import ObjectRanges
 from .index import ShardIndex
-from .reader import FlatBatch, check_indices, decode_records, pack_flat, shard_buffer
+from .reader import FlatBatch, check_indices, decode_records, pack_flat, record_slicer, shard_buffer
 from .reader_base import ShardReaderBase, replaced_error
 
 # A scan (iteration, slices) fetches records in requests of about this many bytes.
@@ -150,6 +151,7 @@ class RemoteShard(ShardReaderBase):
         again after a reader dropped it, or by another process of the node)."""
         self.data_path, self.index_path = self.path + fmt.DATA_SUFFIX, self.path + fmt.INDEX_SUFFIX
         self._data_map: mmap.mmap | bytes | None = None
+        self._cached: _CachedData | None = None
         self._ranged_bytes = 0
         self._whole_requested_by: int | None = os.getpid()  # not while opening: the open's own edge reads are not the reader's
         self._data_size = data_size
@@ -171,6 +173,8 @@ class RemoteShard(ShardReaderBase):
         if self.verify_reads and index.checksums is None:
             raise FormatError("verify_reads=True but this shard was written without record checksums", path=self.index_path)
         self._index = index
+        if self._data_map is not None:
+            self._cached = _CachedData(index, self._data_map, self.data_path)
         self._index_map = index.map
         self._codec = index.codec
         self.header = index.header
@@ -306,6 +310,9 @@ class RemoteShard(ShardReaderBase):
         `wanted_ranges(indices)` that the caller fetched; with None, fetched here. Each record is checked against
         its CRC32C as always."""
         indices = self._check_indices(indices)
+        cached = self._cached
+        if pieces is None and cached is not None:
+            return cached.get_batch_flat(indices) if flat else cached.get_batch(indices)
         starts, ends, joined = self._gather(indices, pieces)
         if flat:
             return pack_flat(self._index, indices, starts, ends, joined)
@@ -373,14 +380,7 @@ class RemoteShard(ShardReaderBase):
             while wrong.size:
                 self._replaced_check()
                 if not ranged or attempt == DEFAULT_ATTEMPTS:  # a verified local copy does not heal by reading again
-                    position = int(wrong[0])
-                    raise CorruptRecordError(
-                        f"record {int(indices[position])} checksum is {int(actual[position]):#010x}, expected "
-                        f"{int(expected[position]):#010x}: the object changed or arrived damaged"
-                        + (f" (read {attempt} times)" if attempt > 1 else ""),
-                        path=self.data_path,
-                        records=indices[wrong].tolist(),
-                    )
+                    raise _checksum_error(self.data_path, indices, wrong, actual, expected, attempt)
                 time.sleep(backoff_delay(attempt))
                 attempt += 1
                 ranged = self._data_map is None
@@ -447,9 +447,12 @@ class RemoteShard(ShardReaderBase):
     def _map_whole_data(self, data_crc32c: int) -> None:
         fd = self._fetch_and_open(self.data_path, self._data_size, data_crc32c)
         try:
-            self._data_map = map_file(fd, self._data_size)
+            data_map = map_file(fd, self._data_size)
         finally:
             os.close(fd)
+        if hasattr(self, "_index"):  # not while opening: `_open_parts` makes the reads of the copy once the index is open
+            self._cached = _CachedData(self._index, data_map, self.data_path)
+        self._data_map = data_map
         if getattr(self, "_closed", False):  # closed while a background fetch ran: close() did not see this map
             self._release_data_map()
 
@@ -541,6 +544,9 @@ class RemoteShard(ShardReaderBase):
         self._release_data_map()
 
     def _release_data_map(self) -> None:
+        cached, self._cached = self._cached, None
+        if cached is not None:
+            cached.release()  # before the map closes: its slicer holds a view of it
         data_map, self._data_map = self._data_map, None
         if isinstance(data_map, mmap.mmap):
             try:
@@ -556,6 +562,65 @@ class RemoteShard(ShardReaderBase):
         self._replaced_check = _while_opening
         super().__setstate__(state)
         self._replaced_check = self._raise_if_header_changed
+
+
+class _CachedData:
+    """The data object whole in the node cache, read as `Reader` reads its map: ranges checked, records decoded
+    straight from the map (by the C slicer where `Reader` uses it), no copy per record. Each record's CRC32C is
+    checked first, from the map: the copy was verified whole on arrival, and this catches one damaged at rest
+    since (a shared node cache outlives many readers) as a read by ranges would, naming the record."""
+
+    def __init__(self, index: ShardIndex, data_map: mmap.mmap | bytes, data_path: str) -> None:
+        self._index = index
+        self._map = data_map
+        self._data_path = data_path
+        self._buffer = shard_buffer(index, data_map)
+        self._slicer = record_slicer(index, data_map)
+
+    def _checked_ranges(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[int], list[int]]:
+        """(starts, ends) of the records at `indices`, checked against the index and their CRC32Cs, and both as lists."""
+        starts, ends = self._index.checked_ranges(indices)
+        start_list, end_list = starts.tolist(), ends.tolist()
+        checksums = self._index.checksums
+        if checksums is not None:
+            expected = checksums[indices]
+            with memoryview(self._map) as view:
+                actual = np.frombuffer(crc32c_of_each([view[start:end] for start, end in zip(start_list, end_list)]), np.uint32)
+            wrong = np.flatnonzero(actual != expected)
+            if wrong.size:
+                raise _checksum_error(self._data_path, indices, wrong, actual, expected, 1)
+        return starts, ends, start_list, end_list
+
+    def get_batch(self, indices: np.ndarray) -> list[Any]:
+        starts, ends, _, _ = self._checked_ranges(indices)
+        if self._slicer is not None and (records := self._slicer.get_batch(indices)) is not None:
+            return records
+        return decode_records(self._index, self._buffer, indices, starts, ends)
+
+    def get_batch_flat(self, indices: np.ndarray) -> FlatBatch:
+        starts, ends, start_list, end_list = self._checked_ranges(indices)
+        with memoryview(self._map) as view:
+            joined = bytearray().join([view[start:end] for start, end in zip(start_list, end_list)])
+        return pack_flat(self._index, indices, starts, ends, joined)
+
+    def release(self) -> None:
+        if self._slicer is not None:
+            self._slicer.release()
+        self._slicer = None
+
+
+def _checksum_error(
+    data_path: str, indices: np.ndarray, wrong: np.ndarray, actual: np.ndarray, expected: np.ndarray, attempts: int
+) -> CorruptRecordError:
+    """The error for the records at positions `wrong` of `indices`, whose bytes had CRC32Cs `actual`, not `expected`."""
+    position = int(wrong[0])
+    return CorruptRecordError(
+        f"record {int(indices[position])} checksum is {int(actual[position]):#010x}, expected "
+        f"{int(expected[position]):#010x}: the object changed or arrived damaged"
+        + (f" (read {attempts} times)" if attempts > 1 else ""),
+        path=data_path,
+        records=indices[wrong].tolist(),
+    )
 
 
 def fetch_whole_after(data_size: int, dataset_size: int, cache_limit: int | None) -> int | None:
