@@ -90,3 +90,71 @@ def litdata_text_sample(index: int) -> dict[str, Any]:
     """Sample `index` of a text corpus as litdata's writer is given it (plain leaves, which it keeps as Arrow rows)."""
     return {"index": index, "text": f"document {index}" * (index % 4), "tokens": list(range(index % 6)),
             "score": index / 8}
+
+
+MDS_IMAGE_SAMPLES = 14
+MDS_IMAGE_COLUMNS = {"raw": "pil", "raws": "list[pil]", "pngs": "list[png]", "jpegs": "list[jpeg]",
+                     "encoded": "jpeg_array"}
+# The raw image modes of the MDS image fixture: their pixels' numpy dtype and channels (None: one, no axis).
+RAW_MODES = {"RGB": (np.uint8, 3), "L": (np.uint8, None), "RGBA": (np.uint8, 4), "LA": (np.uint8, 2),
+             "P": (np.uint8, None), "I;16": (np.dtype("<u2"), None), "1": (np.bool_, None)}
+
+
+def raw_pixels(index: int) -> tuple[str, np.ndarray]:
+    """(mode, pixels as numpy reads that image) of raw image `index`: every mode in turn, widths across a byte of
+    mode "1" pixels."""
+    mode = list(RAW_MODES)[index % len(RAW_MODES)]
+    dtype, channels = RAW_MODES[mode]
+    shape = (2 + index % 3, 3 + index % 4 * 3) + ((channels,) if channels else ())
+    values = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape) * (index + 7)
+    return mode, (values % 2 == 1 if dtype is np.bool_ else values % np.iinfo(dtype).max).astype(dtype)
+
+
+def raw_image(index: int) -> Image.Image:
+    """Raw image `index` as a PIL image made from its pixels' bytes (mode "1" packs 8 pixels a byte, rows padded)."""
+    mode, values = raw_pixels(index)
+    data = np.packbits(values, axis=1).tobytes() if mode == "1" else values.tobytes()
+    return Image.frombytes(mode, (values.shape[1], values.shape[0]), data)
+
+
+def solid_colour(index: int, position: int) -> tuple[int, int, int]:
+    """The colour of image `position` of a list in sample `index`: JPEG keeps one-colour images nearly exactly."""
+    return (index * 13 + position * 50) % 256, 100, 255 - index
+
+
+def jpeg_of(colour: tuple[int, int, int]) -> bytes:
+    encoded = io.BytesIO()
+    Image.new("RGB", (8, 8), colour).save(encoded, "JPEG")
+    return encoded.getvalue()
+
+
+def mds_image_sample(index: int) -> dict[str, Any]:
+    """Sample `index` of the MDS image fixture as MDSWriter is given it (jpeg_array takes encoded JPEGs)."""
+    return {
+        "raw": raw_image(index),
+        "raws": [raw_image(index + position) for position in range(index % 3)],
+        "pngs": [picture(index + position) for position in range(index % 3 + 1)],
+        "jpegs": [Image.new("RGB", (8, 8), solid_colour(index, position)) for position in range(index % 3)],
+        "encoded": [jpeg_of(solid_colour(index, position)) for position in range(index % 2 + 1)],
+    }
+
+
+def litdata_json_value(index: int) -> dict[str, Any]:
+    """A dict for litdata's JsonSerializer (as a JsonLeaf) whose binary nesting takes every tag: each kind of value,
+    lists of strings, integers, floats and booleans, records of the same keys, a list of mixed values (kept as
+    JSON text) and nested dicts."""
+    return {"name": f"sample {index} ø", "turns": [f"turn {turn} of {index}" for turn in range(index % 4)],
+            "ids": [index, -(2**40), 2**62][: index % 3 + 1], "scores": [0.5, index / 3], "flags": [True, index % 2 == 0],
+            "rows": [{"id": row, "text": f"answer {row}", "score": row / 4, "gold": row % 2 == 0, "note": None}
+                     for row in range(index % 3 + 1)],
+            "none": None, "ok": index % 4 == 0, "count": index * 7, "ratio": index / 8,
+            "nested": {"deep": {"index": index, "label": f"x{index}", "part": index / 5, "odd": index % 2 == 1,
+                                "none": None}}, "mixed": [index, "two", None]}
+
+
+def litdata_media_sample(index: int) -> list[Any]:
+    """Sample `index` of the litdata fixture of binary JSON and file bytes, as a list (a dict sample's writer would
+    split the JSON value's dicts into leaves of their own): the JSON value, then the bytes of a clip, a sound and
+    a document, given to litdata's Video, Audio and File (not real media: litdata stores the bytes as they are)."""
+    return [litdata_json_value(index), b"\0\0\0\x18ftypmp42" + bytes([index]) * index,
+            b"RIFF" + index.to_bytes(4, "little") + b"WAVEfmt ", b"%PDF-1.4 page " + str(index).encode()]

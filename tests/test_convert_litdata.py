@@ -20,12 +20,14 @@ import varstore
 from tests.peer_samples import (
     LITDATA_SAMPLES,
     PICKLE_SAMPLES,
+    litdata_media_sample,
     litdata_pickle_sample,
     litdata_sample,
     litdata_text_sample,
     pixels,
 )
 from varstore.conversion import convert
+from varstore.conversion.litdata import _ItemError, _json_leaf
 from varstore.errors import VarstoreError
 
 FIXTURES = Path(__file__).parent / "data" / "litdata"
@@ -139,7 +141,7 @@ def test_a_numpy_leaf_whose_shape_outgrows_its_bytes_is_refused(tmp_path):
     (lambda index: index["chunks"][0].update(filename="chunk-9-9.bin"), "is missing"),
     (lambda index: index["chunks"][0].update(chunk_size=3), "holds 2 items, and index.json says 3"),
     (lambda index: index["chunks"][0].update(chunk_size=2**30), "fewer than their offsets take"),
-    (lambda index: index["config"]["data_format"].__setitem__(1, "video"), "the serializer 'video' is not converted"),
+    (lambda index: index["config"]["data_format"].__setitem__(1, "graph"), "the serializer 'graph' is not converted"),
     (lambda index: index["config"]["data_format"].__setitem__(3, "no_header_numpy:14"), "names no dtype"),
     (lambda index: index["config"]["data_format"].pop(), "data_spec has 8 leaves and data_format 7"),
     (lambda index: index["config"].update(encryption="fernet"), "encrypted chunks"),
@@ -194,3 +196,47 @@ def test_any_damage_to_a_chunk_converts_or_is_refused_with_a_varstore_error(tmp_
         convert(folder, folder / "out", format="litdata")
     except VarstoreError as error:
         assert "chunk-0-4.bin" in str(error)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_binary_json_and_media_leaves_convert_to_the_values_litdata_was_given(tmp_path, workers):
+    index = json.loads((FIXTURES / "media" / "index.json").read_text())
+    assert index["config"]["data_format"] == ["json", "video:mp4", "audio:wav", "pdf"]
+    assert convert(FIXTURES / "media", tmp_path / "out", format="litdata", workers=workers) == LITDATA_SAMPLES
+    store = varstore.open(tmp_path / "out")
+    for position in range(LITDATA_SAMPLES):
+        assert store[position] == litdata_media_sample(position)
+
+
+def json_leaf_of_first_item() -> bytes:
+    """The json leaf of the media fixture's first item, as litdata's JsonSerializer wrote it."""
+    data = (FIXTURES / "media" / "chunk-0-0.bin").read_bytes()
+    start = item_start(data, 0)
+    size = struct.unpack_from("<I", data, start)[0]
+    return data[start + 16 : start + 16 + size]
+
+
+def test_a_json_leaf_with_bytes_after_its_value_or_cut_short_is_refused():
+    leaf = json_leaf_of_first_item()
+    assert leaf[0] == 5 and _json_leaf(leaf) == litdata_media_sample(0)[0]  # a dict in the binary nesting
+    with pytest.raises(_ItemError, match=r"whose value ends at byte"):
+        _json_leaf(leaf + b"\0")
+    for cut in (1, 5, len(leaf) // 2, len(leaf) - 1):
+        with pytest.raises(_ItemError, match=r"a json leaf"):
+            _json_leaf(leaf[:cut])
+    # Cut inside the first value's text (tag, key count, key "name", tag, length, 3 of its bytes).
+    with pytest.raises(_ItemError, match=r"whose text of 11 bytes at byte 18 runs past its end"):
+        _json_leaf(leaf[: 5 + 8 + 5 + 3])
+
+
+@settings(max_examples=200)
+@given(st.data())
+def test_any_damage_to_a_json_leaf_decodes_or_is_refused_as_an_item_error(data):
+    damaged = bytearray(json_leaf_of_first_item())
+    for _ in range(data.draw(st.integers(1, 4))):
+        damaged[data.draw(st.integers(0, len(damaged) - 1))] = data.draw(st.integers(0, 255))
+    damaged = bytes(damaged[: data.draw(st.integers(0, len(damaged)))])
+    try:
+        _json_leaf(damaged)
+    except _ItemError:
+        pass

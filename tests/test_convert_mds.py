@@ -4,6 +4,7 @@ are refused with the shard file and sample named."""
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import struct
@@ -14,12 +15,27 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zstandard
+from PIL import Image
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import varstore
-from tests.peer_samples import MDS_COLUMNS, MDS_SAMPLES, PICKLE_SAMPLES, mds_sample, pickle_sample, pixels
+from tests.peer_samples import (
+    MDS_COLUMNS,
+    MDS_IMAGE_COLUMNS,
+    MDS_IMAGE_SAMPLES,
+    MDS_SAMPLES,
+    PICKLE_SAMPLES,
+    RAW_MODES,
+    mds_image_sample,
+    mds_sample,
+    pickle_sample,
+    pixels,
+    raw_pixels,
+    solid_colour,
+)
 from varstore.conversion import convert
+from varstore.conversion.raw_images import RawImageError, png_of_raw_pixels
 from varstore.errors import VarstoreError
 
 FIXTURES = Path(__file__).parent / "data" / "mds"
@@ -146,12 +162,11 @@ def test_an_ndarray_with_an_unknown_dtype_code_is_refused_with_its_sample(tmp_pa
     (lambda shards: shards[0].update(samples=2**31), "fewer than their offsets take"),
     (lambda shards: shards[0].update(samples=4), "holds 5 samples, and index.json says 4"),
     (lambda shards: shards[0]["column_encodings"].__setitem__(0, "complex128"), "not an MDS column encoding"),
-    (lambda shards: shards[0]["column_encodings"].__setitem__(0, "pil"), "is not converted"),
     (lambda shards: shards[0]["column_sizes"].__setitem__(0, 4), "column_sizes says 4"),
     (lambda shards: shards[0].update(format="json"), "convert reads MDS shards of version 2"),
     (lambda shards: shards[0].update(compression="br:5", zip_data={"basename": "x", "bytes": 1}),
      "brotli and snappy are not read"),
-], ids=["parent", "absolute", "missing", "count-past-size", "count-wrong", "encoding", "pil", "size", "format", "brotli"])
+], ids=["parent", "absolute", "missing", "count-past-size", "count-wrong", "encoding", "size", "format", "brotli"])
 def test_a_hostile_index_is_refused(tmp_path, change, message):
     folder = copied(tmp_path)
     edit_index(folder, change)
@@ -188,3 +203,78 @@ def test_any_damage_to_a_shard_converts_or_is_refused_with_a_varstore_error(tmp_
         convert(folder, folder / "out", format="mds")
     except VarstoreError as error:
         assert "shard.00003.mds" in str(error)
+
+
+def decoded(png: bytes) -> np.ndarray:
+    assert png.startswith(b"\x89PNG")
+    return np.asarray(Image.open(io.BytesIO(png)))
+
+
+def assert_close_to_colour(jpeg: bytes, colour: tuple[int, int, int]) -> None:
+    """A JPEG of one colour, decoded within 3 of it (JPEG is lossy; the fixture's images are one colour)."""
+    assert jpeg.startswith(b"\xff\xd8")
+    found = np.asarray(Image.open(io.BytesIO(jpeg)).convert("RGB"), dtype=np.int16)
+    assert found.shape == (8, 8, 3) and np.abs(found - np.array(colour, dtype=np.int16)).max() <= 3
+
+
+def test_mds_raw_images_become_png_of_their_pixels_and_image_lists_lists_of_images(tmp_path):
+    assert len(json.loads((FIXTURES / "images" / "index.json").read_text())["shards"]) > 3
+    assert convert(FIXTURES / "images", tmp_path / "out", format="mds", workers=2) == MDS_IMAGE_SAMPLES
+    store = varstore.open(tmp_path / "out")
+    for index in range(MDS_IMAGE_SAMPLES):
+        record, sample = store[index], mds_image_sample(index)
+        assert sorted(record) == sorted(MDS_IMAGE_COLUMNS)
+        found = decoded(record["raw"])  # raw pixels in MDS, PNG in varstore: the same pixels, dtype and shape
+        expected = raw_pixels(index)[1]
+        assert found.dtype == expected.dtype and np.array_equal(found, expected), raw_pixels(index)[0]
+        assert [decoded(png).tolist() for png in record["raws"]] == [raw_pixels(index + k)[1].tolist()
+                                                                     for k in range(index % 3)]
+        assert [pixels(png) for png in record["pngs"]] == [np.asarray(image).tolist() for image in sample["pngs"]]
+        assert len(record["jpegs"]) == index % 3 and len(record["encoded"]) == index % 2 + 1
+        for position, jpeg in enumerate(record["jpegs"]):
+            assert_close_to_colour(jpeg, solid_colour(index, position))
+        for position, jpeg in enumerate(record["encoded"]):
+            assert_close_to_colour(jpeg, solid_colour(index, position))
+
+
+def image_column_start(data: bytes, sample: int, column: str) -> int:
+    """Where `column` of `sample` starts in a raw shard of the image fixture (every column is of varying size)."""
+    names = sorted(MDS_IMAGE_COLUMNS)
+    start, _ = sample_bounds(data, sample)
+    sizes = struct.unpack_from(f"<{len(names)}I", data, start)
+    return start + 4 * len(names) + sum(sizes[: names.index(column)])
+
+
+@pytest.mark.parametrize(("column", "field", "message"), [
+    ("raw", 0, r"column 'raw': a raw \S+ image of \d+x\d+ needs [\d,]+ bytes of pixels"),
+    ("raw", 8, r"column 'raw': a raw image whose mode name of"),
+    ("raws", 4, r"column 'raws': a list of \S+ pil images whose sizes run past"),
+    ("raws", 0, r"column 'raws': a list of pil images whose reserved first word"),
+    ("encoded", 4, r"column 'encoded': a list of 2 jpeg images of [\d,]+ bytes after its header"),
+], ids=["pixels", "mode", "list-count", "list-reserved", "jpeg-array-size"])
+def test_a_raw_image_or_image_list_whose_sizes_disagree_is_refused_naming_the_sample(tmp_path, column, field, message):
+    folder = copied(tmp_path, "images")
+    shard = folder / "shard.00001.mds"
+    data = bytearray(shard.read_bytes())
+    at = image_column_start(data, 0, column) + field
+    (value,) = struct.unpack_from("<I", data, at)
+    struct.pack_into("<I", data, at, value + 1000)
+    shard.write_bytes(bytes(data))
+    with pytest.raises(VarstoreError, match=r"shard.00001.mds, sample 0: " + message):
+        convert(folder, tmp_path / "out", format="mds")
+    assert not (tmp_path / "out").exists()
+
+
+@settings(max_examples=80)
+@given(mode=st.sampled_from(sorted(RAW_MODES)), width=st.integers(1, 20), height=st.integers(1, 5), data=st.data())
+def test_a_raw_image_of_any_mode_and_size_becomes_png_of_exactly_its_pixels(mode, width, height, data):
+    row = (width + 7) // 8 if mode == "1" else width * len(Image.new(mode, (1, 1)).tobytes())
+    pixel_bytes = data.draw(st.binary(min_size=row * height, max_size=row * height))
+    header = struct.pack("<III", width, height, len(mode)) + mode.encode()
+    found = Image.open(io.BytesIO(png_of_raw_pixels(header + pixel_bytes, "mds")))
+    assert found.size == (width, height)
+    assert found.tobytes() == Image.frombytes(mode, (width, height), pixel_bytes).tobytes()
+    # One byte more or fewer of pixels is refused, not read past or padded.
+    for wrong in (pixel_bytes[:-1], pixel_bytes + b"\0"):
+        with pytest.raises(RawImageError, match="bytes of pixels"):
+            png_of_raw_pixels(header + wrong, "mds")

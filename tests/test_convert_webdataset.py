@@ -20,11 +20,12 @@ from hypothesis import strategies as st
 
 import varstore
 from varstore.conversion import convert
-from varstore.conversion.input_files import expand_braces
+from varstore.conversion.input_files import URL_BLOCK_BYTES, expand_braces
 from varstore.errors import VarstoreError
 from varstore.remote.filesystems import open_filesystem
 
 from .helpers_cli import assert_one_line_error, run
+from .helpers_fault_proxy import fault_proxy  # noqa: F401 - a fixture
 
 # What WebDataset adds to a sample besides its key and fields: where it was read from.
 WEBDATASET_PLACES = ("__url__", "__local_path__")
@@ -111,6 +112,51 @@ def test_shards_read_by_url_from_s3_equal_the_local_conversion(capsys, s3_server
                          json.dumps(s3_server.storage_options), "--quiet")  # the options reach SRC, not the local DST
     assert code == 0, err
     assert _read_back(tmp_path / "by-command") == _webdataset_read(pattern)
+
+
+def _large_shard_in_s3(s3_server, proxy_of, tmp_path) -> tuple[str, str, dict[str, Any], Any]:
+    """(the local shard's pattern, its URL, storage options through a fault proxy, the proxy) of one WebDataset
+    shard of a little over two URL blocks, uploaded to a fresh bucket of the S3 server."""
+    block_samples = [{"__key__": f"{index:03d}", "bin": bytes([index]) * (URL_BLOCK_BYTES // 4 + index),
+                      "txt": f"sample {index}".encode()} for index in range(9)]
+    pattern = _write_shards(tmp_path / "shards", block_samples, per_shard=9)
+    assert 2 * URL_BLOCK_BYTES < (tmp_path / "shards" / "shard-000.tar").stat().st_size < 3 * URL_BLOCK_BYTES
+    bucket = s3_server.new_bucket()
+    fs, _ = open_filesystem(f"s3://{bucket}/x", s3_server.storage_options)
+    fs.put_file(str(tmp_path / "shards" / "shard-000.tar"), f"{bucket}/shard-000.tar")
+    proxy = proxy_of(s3_server.endpoint_url)
+    options = {**s3_server.storage_options, "endpoint_url": proxy.url}
+    return pattern, f"s3://{bucket}/shard-000.tar", options, proxy
+
+
+def test_a_connection_dropped_mid_tar_is_read_again_from_that_block_only(s3_server, fault_proxy, tmp_path):  # noqa: F811
+    pattern, url, options, proxy = _large_shard_in_s3(s3_server, fault_proxy, tmp_path)
+    key = "/" + url.removeprefix("s3://")
+    gets_seen = []
+
+    def second_get(path: str) -> bool:
+        """True for the second GET of the shard: its second block, the first read in full."""
+        gets_seen.append(path)
+        return path == key and len([seen for seen in gets_seen if seen == key]) == 2
+
+    proxy.truncate(1000, times=1, method="GET", path=second_get)
+    convert(url, tmp_path / "out", source_storage_options=options)
+    assert _read_back(tmp_path / "out") == _webdataset_read(pattern)
+    ranges = [record.range for record in proxy.requests() if record.method == "GET" and record.path == key]
+    second = f"bytes={URL_BLOCK_BYTES}-{2 * URL_BLOCK_BYTES - 1}"
+    assert ranges[:2] == [f"bytes=0-{URL_BLOCK_BYTES - 1}", second]  # three blocks, the cut one read twice
+    assert ranges[2] == second and len(ranges) == 4 and ranges[3].startswith(f"bytes={2 * URL_BLOCK_BYTES}-")
+    assert [record.fault for record in proxy.requests() if record.path == key and record.fault] == ["truncate"]
+
+
+def test_a_url_that_keeps_failing_is_refused_after_bounded_retries_naming_it(s3_server, fault_proxy, tmp_path):  # noqa: F811
+    _, url, options, proxy = _large_shard_in_s3(s3_server, fault_proxy, tmp_path)
+    key = "/" + url.removeprefix("s3://")
+    proxy.slow_down(times=None, method="GET", path=key)  # 503 SlowDown (a reset the HTTP client itself retries)
+    with pytest.raises(VarstoreError, match=r"failed 5 times") as raised:
+        convert(url, tmp_path / "out", source_storage_options=options)
+    assert url in str(raised.value)
+    assert proxy.count("GET", key) == 5 and not (tmp_path / "out").exists()
 
 
 def _tar(path: Path, members: list[tuple[tarfile.TarInfo, bytes | None]]) -> Path:

@@ -57,6 +57,15 @@ def write_mds() -> None:
             writer.write(peer_samples.pickle_sample(index))
 
 
+def write_mds_images() -> None:
+    """An MDS folder of the image encodings: raw pixels of every mode, the image lists and jpeg_array."""
+    out = DATA / "mds" / "images"
+    shutil.rmtree(out, ignore_errors=True)
+    with mds_writer()(columns=peer_samples.MDS_IMAGE_COLUMNS, out=str(out), size_limit=1 << 11) as writer:
+        for index in range(peer_samples.MDS_IMAGE_SAMPLES):
+            writer.write(peer_samples.mds_image_sample(index))
+
+
 def write_litdata() -> None:
     """litdata folders by its BinaryWriter (what optimize runs in each worker), uncompressed and in each of
     its zstd layouts; the photo leaf is a JPEG file opened with Pillow, which litdata stores byte for byte."""
@@ -97,9 +106,28 @@ def write_litdata() -> None:
     writer.merge()
 
 
+def write_litdata_media() -> None:
+    """A litdata folder of list samples: a JsonLeaf (litdata's binary JSON), then Video, Audio and File (PDF)
+    leaves given bytes."""
+    from litdata.streaming.serializers import Audio, File, JsonLeaf, Video
+    from litdata.streaming.writer import BinaryWriter
+
+    out = DATA / "litdata" / "media"
+    shutil.rmtree(out, ignore_errors=True)
+    writer = BinaryWriter(str(out), chunk_bytes=1 << 10)
+    for index in range(peer_samples.LITDATA_SAMPLES):
+        value, clip, sound, doc = peer_samples.litdata_media_sample(index)
+        writer[index] = [JsonLeaf(value), Video(bytes=clip, path="clip.mp4"), Audio(bytes=sound, path="sound.wav"),
+                         File(bytes=doc, path="doc.pdf")]
+    writer.done()
+    writer.merge()
+
+
 def main() -> None:
     write_mds()
+    write_mds_images()
     write_litdata()
+    write_litdata_media()
     for path in sorted(DATA.rglob("*")):
         if path.is_file():
             print(f"{path.relative_to(ROOT)}: {path.stat().st_size:,} bytes")

@@ -3,6 +3,10 @@ path or URL with brace lists and ranges (``shard-{000..009}.tar``, ``{train,val}
 (``shards/*.tar``), or several of these joined by ``::`` (WebDataset's list separator); each file opened for
 streaming, locally or through fsspec (`varstore.remote.filesystems`); `FilesSource`, a source of such files.
 
+A URL is streamed in ranged reads of `URL_BLOCK_BYTES`, each retried on its own when it fails transiently (a
+connection dropped mid-body, a timeout, a 5xx: `read_range`'s bounded backoff), so a fault in the middle of a
+large file costs one block again, not the whole convert: one GET per block when nothing fails.
+
 A pattern may name at most `MAX_INPUT_FILES` files, so that no pattern (``{0..999999999}``) can make convert hold a
 list out of proportion to the command line.
 """
@@ -10,6 +14,7 @@ list out of proportion to the command line.
 from __future__ import annotations
 
 import glob
+import io
 import os
 import re
 from dataclasses import dataclass
@@ -17,10 +22,11 @@ from functools import cached_property
 from typing import Any, BinaryIO
 
 from ..errors import CommandError, UsageError
-from ..remote.filesystems import is_url, object_info, open_filesystem
+from ..remote.filesystems import is_url, object_info, open_filesystem, read_range
 from .source_base import Source, even_parts
 
 MAX_INPUT_FILES = 1_000_000
+URL_BLOCK_BYTES = 4 << 20
 _RANGE = re.compile(r"^(\d+)\.\.(\d+)$")
 
 
@@ -122,12 +128,45 @@ def _url_files(url: str, storage_options: dict[str, Any] | None) -> list[InputFi
     return [InputFile(fs.unstrip_protocol(name), int(info["size"])) for name, info in matches]
 
 
-def open_input(name: str, storage_options: dict[str, Any] | None) -> BinaryIO:
-    """The file `name` (a path or URL of `input_files`) opened for reading bytes from its start."""
-    if not is_url(name):
-        return open(name, "rb")
-    fs, path = open_filesystem(name, storage_options)
-    return fs.open(path, "rb")
+def open_input(file: InputFile, storage_options: dict[str, Any] | None) -> BinaryIO:
+    """The input `file` opened for reading bytes from its start: a local file, or a URL read in retried blocks."""
+    if not is_url(file.name):
+        return open(file.name, "rb")
+    fs, path = open_filesystem(file.name, storage_options)
+    return io.BufferedReader(_RangedObject(fs, path, file), buffer_size=URL_BLOCK_BYTES)  # type: ignore[return-value]
+
+
+class _RangedObject(io.RawIOBase):
+    """The object at `path` of `fs` (the input `file`, whose size its listing gave) as a seekable raw stream,
+    each read one ranged GET from the byte reached, retried with backoff by `read_range`."""
+
+    def __init__(self, fs: Any, path: str, file: InputFile) -> None:
+        self.fs, self.path, self.file, self.position = fs, path, file, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.file.size}[whence]
+        if base + offset < 0:
+            raise ValueError(f"{self.file.name}: a seek to byte {base + offset}, before its start")
+        self.position = base + offset
+        return self.position
+
+    def readinto(self, buffer: Any) -> int:
+        end = min(self.file.size, self.position + len(buffer))
+        if end <= self.position:
+            return 0
+        data = read_range(self.fs, self.path, self.position, end, url=self.file.name, size=self.file.size)
+        buffer[: len(data)] = data
+        self.position = end
+        return len(data)
 
 
 class FilesSource(Source):

@@ -8,8 +8,10 @@ chunk is compressed whole (``compression_level`` "chunk", files ``chunk-*.zstd.b
 (``batch``: the ``LDFZ01`` layout of ``framed_zstd.py``) or item by item (``sample``). Each sample becomes a
 msgpack record of its pytree rebuilt (dicts, lists; tuples as lists): ``int``, ``float`` and ``bool`` as
 numbers, ``str`` and ``text`` as str, ``bytes`` as bytes, ``numpy``, ``no_header_numpy``, ``tensor`` and
-``no_header_tensor`` as numpy arrays, ``jpeg`` and ``image`` as the encoded image's bytes, and ``pil`` (raw
-pixels) as PNG bytes, encoded without loss through Pillow. ``pickle`` leaves are refused unless `allow_pickle`.
+``no_header_tensor`` as numpy arrays, ``jpeg`` and ``image`` as the encoded image's bytes, ``pil`` (raw pixels)
+as PNG bytes, encoded without loss through Pillow, ``json`` (its binary nesting or JSON text) as its value, and
+the serializers that keep a file's bytes (video, audio, pdf, file...) as those bytes. ``pickle`` leaves are
+refused unless `allow_pickle`.
 A chunk of dict samples whose items litdata keeps only as Arrow rows (its ``LDARW01`` footer: an Arrow IPC file)
 is read through pyarrow, each row as the Hugging Face converter makes it (lists of numbers as arrays).
 Every size and offset is checked against its file before it is used; errors name the chunk file and item.
@@ -17,7 +19,6 @@ Every size and offset is checked against its file before it is used; errors name
 
 from __future__ import annotations
 
-import io
 import json
 import mmap
 import os
@@ -33,6 +34,7 @@ from ..dataset.writer import ShardedWriter
 from ..errors import CommandError, require_extra
 from ..progress import Counter
 from .huggingface import column_values
+from .raw_images import RawImageError, png_of_raw_pixels
 from .source_base import Source, append_record, even_parts, read_index_json
 
 _READ_BYTES = 1 << 20
@@ -47,6 +49,12 @@ _FRAMED_MAGIC = b"LDFZ01\0\0"
 _ARROW_FOOTER_MAGIC = b"LDARW01\0"
 _FRAMED_PREFIX = struct.Struct("<8sHHIII")
 _FRAME = struct.Struct("<IIQII")
+# The serializers that store a file's bytes as they are (litdata's Video, Audio, Nifti, Mesh, PDF, TIFF, File).
+_FILE_BYTES = ("video", "audio", "nifti", "mesh", "pdf", "tiff", "file")
+_COUNT = struct.Struct("<I")
+_NUMBER = {8: struct.Struct("<q"), 9: struct.Struct("<d")}
+_RECORD_NUMBER = {0x12: struct.Struct("<q"), 0x13: struct.Struct("<d")}
+_JSON_DEPTH = 200
 
 
 class _ItemError(ValueError):
@@ -65,10 +73,12 @@ def _leaf_decoder(name: Any, where: str, allow_pickle: bool) -> tuple[Callable[[
         return _boolean, 1
     if kind in ("str", "text"):
         return _text, None
-    if kind in ("bytes", "jpeg", "image"):
+    if kind in ("bytes", "jpeg", "image", *_FILE_BYTES):
         return (lambda data: data), None
+    if kind == "json":
+        return _json_leaf, None
     if kind == "pil":
-        return _png_of_raw_pixels, None
+        return (lambda data: png_of_raw_pixels(data, "litdata")), None
     if kind in ("numpy", "tensor"):
         return (_numpy_array if kind == "numpy" else _tensor), None
     if kind in ("no_header_numpy", "no_header_tensor"):
@@ -83,8 +93,8 @@ def _leaf_decoder(name: Any, where: str, allow_pickle: bool) -> tuple[Callable[[
                                "refuses it unless asked (--allow-pickle, allow_pickle=True) for a file you trust")
         return pickle.loads, None
     raise CommandError(f"{where}: the serializer {name!r} is not converted; the ones converted are int, float, "
-                       "bool, str, text, bytes, jpeg, image, pil, numpy, no_header_numpy, tensor, no_header_tensor "
-                       "and pickle (with --allow-pickle)")
+                       "bool, str, text, bytes, jpeg, image, pil, numpy, no_header_numpy, tensor, no_header_tensor, "
+                       f"json, {', '.join(_FILE_BYTES)} and pickle (with --allow-pickle)")
 
 
 def _leaf_decoder_or_refusal(name: Any, where: str, allow_pickle: bool) -> tuple[Callable[[bytes], Any], int | None]:
@@ -145,20 +155,117 @@ def _shaped_leaf(data: bytes, order: str, dtypes: dict[int, Any], what: str) -> 
     return _flat_array(data[8 + 4 * rank :], np.dtype(dtypes[code]), shape)
 
 
-def _png_of_raw_pixels(data: bytes) -> bytes:
-    """litdata's PILSerializer (uint32 width, height and mode length, the mode, the raw pixels) as PNG bytes."""
-    image_module = require_extra("PIL.Image", "litdata", "converting litdata's raw PIL images")
-    if len(data) < 12:
-        raise _ItemError("a pil leaf shorter than its header")
-    width, height, mode_size = struct.unpack_from("<III", data)
-    mode = data[12 : 12 + mode_size].decode("ascii", "replace")
+def _json_leaf(data: bytes) -> Any:
+    """litdata's JsonSerializer: JSON text (its first byte above 0x20), or its tagged binary nesting (a tag byte,
+    then a value's bytes: lists of one type packed, dicts and lists of same-keyed records), read to its last byte."""
+    if data and data[0] > 0x20:
+        return _json_text(data)
     try:
-        image = image_module.frombytes(mode, (width, height), data[12 + mode_size :])
-        encoded = io.BytesIO()
-        image.save(encoded, "PNG")
-    except (ValueError, OSError, KeyError) as error:
-        raise _ItemError(f"a pil leaf of mode {mode!r} {width}x{height} that Pillow cannot take: {error}") from None
-    return encoded.getvalue()
+        value, end = _nested(data, 0, 0)
+    except (struct.error, IndexError):
+        raise _ItemError(f"a json leaf whose sizes run past its {len(data):,} bytes") from None
+    if end != len(data):
+        raise _ItemError(f"a json leaf of {len(data):,} bytes whose value ends at byte {end:,}")
+    return value
+
+
+def _json_text(data: bytes) -> Any:
+    try:
+        return json.loads(data.decode("utf-8"))
+    except ValueError as error:
+        raise _ItemError(f"a json leaf that is not JSON: {error}") from None
+    except RecursionError:
+        raise _ItemError("a json leaf nested too deeply to read") from None
+
+
+def _utf8_at(data: bytes, at: int) -> tuple[str, int]:
+    (length,) = _COUNT.unpack_from(data, at)
+    at += 4
+    if at + length > len(data):
+        raise _ItemError(f"a json leaf whose text of {length:,} bytes at byte {at:,} runs past its end")
+    try:
+        return data[at : at + length].decode("utf-8"), at + length
+    except UnicodeDecodeError as error:
+        raise _ItemError(f"a json leaf whose text is not UTF-8: {error}") from None
+
+
+def _packed(data: bytes, at: int, count: int, dtype: str) -> tuple[list[Any], int]:
+    end = at + count * np.dtype(dtype).itemsize
+    if end > len(data):
+        raise _ItemError(f"a json leaf whose {count:,} packed values at byte {at:,} run past its end")
+    return np.frombuffer(data, dtype, count, at).tolist(), end
+
+
+def _nested(data: bytes, at: int, depth: int) -> tuple[Any, int]:
+    """(the value whose tag is at byte `at`, where it ends) of a json leaf's binary nesting."""
+    if depth > _JSON_DEPTH:
+        raise _ItemError(f"a json leaf nested more than {_JSON_DEPTH} deep")
+    tag = data[at]
+    if tag == 11:
+        return None, at + 1
+    if tag == 10:
+        return _json_bool(data[at + 1]), at + 2
+    if tag in _NUMBER:
+        return _NUMBER[tag].unpack_from(data, at + 1)[0], at + 9
+    if tag == 7:
+        return _utf8_at(data, at + 1)
+    if tag > 6:
+        raise _ItemError(f"a json leaf with the tag {tag} at byte {at:,}, not one litdata writes")
+    (count,) = _COUNT.unpack_from(data, at + 1)
+    at += 5
+    if tag == 0:  # JSON text of `count` bytes
+        if at + count > len(data):
+            raise _ItemError(f"a json leaf whose JSON text of {count:,} bytes runs past its end")
+        return _json_text(data[at : at + count]), at + count
+    if tag == 1:
+        texts = []
+        for _ in range(count):
+            text, at = _utf8_at(data, at)
+            texts.append(text)
+        return texts, at
+    if tag in (2, 3):
+        return _packed(data, at, count, "<i8" if tag == 2 else "<f8")
+    if tag == 4:
+        if at + count > len(data):
+            raise _ItemError(f"a json leaf whose {count:,} booleans run past its end")
+        return [_json_bool(flag) for flag in data[at : at + count]], at + count
+    if tag == 5:
+        mapping = {}
+        for _ in range(count):
+            key, at = _utf8_at(data, at)
+            mapping[key], at = _nested(data, at, depth + 1)
+        return mapping, at
+    (key_count,) = _COUNT.unpack_from(data, at)  # tag 6: `count` records of the same keys
+    at += 4
+    if key_count == 0:  # litdata writes records of at least one key; none would make `count` records of no bytes
+        raise _ItemError(f"a json leaf of {count:,} records without keys")
+    keys = []
+    for _ in range(key_count):
+        key, at = _utf8_at(data, at)
+        keys.append(key)
+    records = []
+    for _ in range(count):
+        record = {}
+        for key in keys:
+            kind, at = data[at], at + 1
+            if kind == 0x10:
+                record[key] = None
+            elif kind == 0x11:
+                record[key], at = _utf8_at(data, at)
+            elif kind in _RECORD_NUMBER:
+                record[key], at = _RECORD_NUMBER[kind].unpack_from(data, at)[0], at + 8
+            elif kind == 0x14:
+                record[key], at = _json_bool(data[at]), at + 1
+            else:
+                raise _ItemError(f"a json leaf with the record tag {kind} at byte {at - 1:,}, not one litdata writes")
+        records.append(record)
+    return records, at
+
+
+def _json_bool(flag: int) -> bool:
+    if flag > 1:
+        raise _ItemError(f"a json leaf with a boolean of {flag}, not 0 or 1")
+    return flag == 1
 
 
 def _template(spec: Any, where: str) -> Any:
@@ -283,7 +390,7 @@ class LitdataSource(Source):
                 where = f"{path}, item {position}"
                 try:
                     sample = payload if isinstance(payload, dict) else self._sample(payload)
-                except _ItemError as error:
+                except (_ItemError, RawImageError) as error:
                     raise CommandError(f"{where}: {error}") from None
                 append_record(writer, sample, where)
             progress(items)

@@ -6,9 +6,11 @@ column's bytes in the order of ``column_names`` (MDS's ``mds/writer.py``). A com
 that file compressed whole. Each sample becomes a msgpack map of its columns: ``bytes`` as bytes, ``str`` as
 str, the integer and float encodings (and ``str_int``, ``str_float``) as numbers, ``ndarray`` as a numpy array
 (its dtype and shape from the encoding or from the sample's own header), ``json`` as its value, ``jpeg`` and
-``png`` as the encoded image bytes, ``str_decimal`` as its text. ``pkl`` columns are refused unless
-`allow_pickle` (unpickling runs code the file chooses). Every size and offset is checked against the file before
-it is used: a hostile or damaged shard is refused with its file and sample named, never read out of bounds.
+``png`` as the encoded image bytes, ``pil`` (raw pixels) as PNG bytes of the same pixels (through Pillow),
+``list[jpeg]``, ``list[png]``, ``list[pil]`` and ``jpeg_array`` as lists of those, ``str_decimal`` as its text.
+``pkl`` columns are refused unless `allow_pickle` (unpickling runs code the file chooses). Every size and offset
+is checked against the file before it is used: a hostile or damaged shard is refused with its file and sample
+named, never read out of bounds.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import numpy as np
 from ..dataset.writer import ShardedWriter
 from ..errors import CommandError, require_extra
 from ..progress import Counter
+from .raw_images import RawImageError, png_of_raw_pixels
 from .source_base import Source, append_record, even_parts, read_index_json
 
 _READ_BYTES = 1 << 20
@@ -40,7 +43,10 @@ _ARRAY_DTYPES = {8: "uint8", 9: "int8", 16: "uint16", 17: "int16", 18: "float16"
 _SHAPE_DTYPES = {0: "<u1", 1: "<u2", 2: "<u4", 3: "<u8"}
 _TEXT = {"str": str, "str_int": int, "str_float": float, "str_decimal": str}
 _ENCODED_IMAGES = ("jpeg", "png")
-_UNSUPPORTED = ("pil", "jpeg_array", "jpegarray", "list[pil]", "list[jpeg]", "list[png]")
+# The image lists: MDS's List (a uint32 left 0 for future use, then what JPEGArray holds) and JPEGArray (uint32
+# count, count uint32 sizes, the images), each image as its element encoding stores it.
+_IMAGE_LISTS = {"list[jpeg]": ("jpeg", True), "list[png]": ("png", True), "list[pil]": ("pil", True),
+                "jpeg_array": ("jpeg", False), "jpegarray": ("jpeg", False)}
 _DECOMPRESSED = ("zstd", "gz", "bz2")
 _NOT_DECOMPRESSED = ("br", "snappy")
 
@@ -58,6 +64,10 @@ def _column_decoder(encoding: Any, where: str, allow_pickle: bool) -> tuple[Call
         return (lambda data: np.frombuffer(data, dtype)[0].item()), dtype.itemsize
     if encoding == "bytes" or encoding in _ENCODED_IMAGES:
         return (lambda data: data), None
+    if encoding == "pil":
+        return _png_of_raw, None
+    if encoding in _IMAGE_LISTS:
+        return _image_list_decoder(*_IMAGE_LISTS[encoding]), None
     if encoding in _TEXT:
         return _text_decoder(_TEXT[encoding]), None
     if encoding == "json":
@@ -69,14 +79,43 @@ def _column_decoder(encoding: Any, where: str, allow_pickle: bool) -> tuple[Call
             raise CommandError(f"{where}: a pkl column; unpickling runs whatever code the file holds, so convert "
                                "refuses it unless asked (--allow-pickle, allow_pickle=True) for a file you trust")
         return (lambda data: pickle.loads(data)), None
-    if encoding in _UNSUPPORTED:
-        raise CommandError(f"{where}: the column encoding {encoding!r} is not converted (raw PIL images and image "
-                           f"lists); the encodings converted are {', '.join(sorted(_supported()))}")
     raise CommandError(f"{where}: {encoding!r} is not an MDS column encoding")
 
 
-def _supported() -> list[str]:
-    return [*_FIXED, "bytes", *_ENCODED_IMAGES, *_TEXT, "json", "ndarray", "pkl (with --allow-pickle)"]
+def _png_of_raw(data: bytes) -> bytes:
+    try:
+        return png_of_raw_pixels(data, "mds")
+    except RawImageError as error:
+        raise _SampleError(str(error)) from None
+
+
+def _image_list_decoder(element: str, reserved_word: bool) -> Callable[[bytes], list[bytes]]:
+    """A list of images (each as its `element` encoding's column gives it), after a reserved uint32 if
+    `reserved_word`; the sizes must add up to exactly the bytes that follow them."""
+    image: Callable[[bytes], bytes] = _png_of_raw if element == "pil" else (lambda value: value)
+
+    def decode(data: bytes) -> list[bytes]:
+        at = 4 if reserved_word else 0
+        if len(data) < at + 4:
+            raise _SampleError(f"a list of {element} images of {len(data)} bytes, shorter than its header")
+        if reserved_word and data[:4] != bytes(4):
+            raise _SampleError(f"a list of {element} images whose reserved first word is {data[:4].hex()}, not 0")
+        (count,) = struct.unpack_from("<I", data, at)
+        at += 4
+        if at + 4 * count > len(data):
+            raise _SampleError(f"a list of {count:,} {element} images whose sizes run past its {len(data):,} bytes")
+        sizes = struct.unpack_from(f"<{count}I", data, at)
+        at += 4 * count
+        if at + sum(sizes) != len(data):
+            raise _SampleError(f"a list of {count:,} {element} images of {sum(sizes):,} bytes after its header, "
+                               f"and {len(data) - at:,} follow it")
+        images = []
+        for size in sizes:
+            images.append(image(data[at : at + size]))
+            at += size
+        return images
+
+    return decode
 
 
 def _text_decoder(parse: Callable[[str], Any]) -> Callable[[bytes], Any]:

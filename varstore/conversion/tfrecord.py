@@ -30,7 +30,7 @@ from ..dataset.writer import ShardedWriter
 from ..errors import CommandError, UsageError
 from ..format.checksum import crc32c
 from ..progress import Counter
-from .input_files import FilesSource, open_input
+from .input_files import FilesSource, InputFile, open_input
 from .source_base import append_record
 
 _MASK_DELTA = 0xA282EAD8
@@ -268,6 +268,6 @@ class TFRecordSource(FilesSource):
     def _records(self, name: str, size: int) -> Iterator[bytes]:
         """The records of the file `name` (of `size` bytes), decompressed if it is gzipped."""
         gzipped = self.compression_type == "GZIP" or (self.compression_type is None and name.lower().endswith(".gz"))
-        with open_input(name, self.storage_options) as raw, (gzip.GzipFile(fileobj=raw) if gzipped else raw) as stream:
+        with open_input(InputFile(name, size), self.storage_options) as raw, (gzip.GzipFile(fileobj=raw) if gzipped else raw) as stream:
             yield from framed_records(stream, name, size=None if gzipped else size,
                                       max_record_bytes=self.max_record_bytes)

@@ -77,7 +77,7 @@ class WebDatasetSource(FilesSource):
 
     def samples(self, file: InputFile, progress: Counter) -> Iterator[tuple[str, dict[str, Any]]]:
         """(where it was read, the sample) of each sample of the tar `file`, reporting the bytes read."""
-        with open_input(file.name, self.storage_options) as raw:
+        with open_input(file, self.storage_options) as raw:
             members = _TarMembers(file, raw, self.max_record_bytes)
             sample: dict[str, Any] = {}
             where, reported = "", 0
