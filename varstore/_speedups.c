@@ -1277,6 +1277,112 @@ static PyTypeObject RecordSlicerType = {
     .tp_methods = slicer_methods,
 };
 
+/* ---- zstd frames: an accept-only twin of check_frame in varstore/format/compression.py -- */
+
+#define FRAME_MAX_WINDOW ((uint64_t)1 << 23)  /* compression.MAX_WINDOW_SIZE */
+#define FRAME_MAX_BLOCK ((uint64_t)128 << 10)  /* RFC 8878's Block_Maximum_Size */
+
+static inline uint64_t load_le(const uint8_t *p, int size)
+{
+    uint64_t value = 0;
+    for (int k = size - 1; k >= 0; k--)
+        value = value << 8 | p[k];
+    return value;
+}
+
+/* 1 if the `length` bytes at p are exactly one zstd frame (RFC 8878 §3.1.1) that declares `declared` content bytes,
+   names dictionary `expected` (0: none), has a window within FRAME_MAX_WINDOW and whose blocks, each within the
+   frame's block maximum, end (with the optional content checksum) at its last byte: the frames check_frame accepts. */
+static int frame_check_passes(const uint8_t *p, uint64_t length, uint64_t declared, uint64_t expected)
+{
+    static const int id_bytes[4] = {0, 1, 2, 4};
+    if (length < 6 || memcmp(p, "\x28\xb5\x2f\xfd", 4) != 0)
+        return 0;
+    uint8_t descriptor = p[4];
+    if (descriptor & 0x08)
+        return 0;
+    int single_segment = (descriptor & 0x20) != 0;
+    uint64_t position = 5, window = 0;
+    if (!single_segment) {
+        uint64_t base = (uint64_t)1 << (10 + (p[5] >> 3));
+        window = base + (base >> 3) * (p[5] & 7);
+        position = 6;
+    }
+    int id_size = id_bytes[descriptor & 3], flag = descriptor >> 6;
+    int content_bytes = flag == 0 ? single_segment : 1 << flag;
+    if (content_bytes == 0 || position + id_size + content_bytes > length)
+        return 0;
+    uint64_t number = load_le(p + position, id_size);
+    position += id_size;
+    uint64_t content = load_le(p + position, content_bytes) + (content_bytes == 2 ? 256 : 0);
+    position += content_bytes;
+    if (content != declared || (!single_segment && window > FRAME_MAX_WINDOW) || number != expected)
+        return 0;
+    uint64_t block_limit = single_segment ? content : window;
+    if (block_limit > FRAME_MAX_BLOCK)
+        block_limit = FRAME_MAX_BLOCK;
+    for (;;) {
+        if (position + 3 > length)
+            return 0;
+        uint32_t block = (uint32_t)p[position] | (uint32_t)p[position + 1] << 8 | (uint32_t)p[position + 2] << 16;
+        uint32_t kind = (block >> 1) & 3, size = block >> 3;
+        if (kind == 3 || size > block_limit)
+            return 0;
+        position += 3 + (kind == 1 ? 1 : size);
+        if (block & 1)
+            break;
+    }
+    return position + (descriptor & 0x04 ? 4 : 0) == length;
+}
+
+/* A position, size or dictionary ID argument as a uint64 in *value: 1, or 0 (no error set: check_frame decides)
+   if it is no integer, or a negative or too large one. */
+static int frame_argument(PyObject *argument, uint64_t *value)
+{
+    PyObject *number = PyNumber_Index(argument);
+    if (number == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int overflow, known = 1;
+    long long signed_value = PyLong_AsLongLongAndOverflow(number, &overflow);
+    if (overflow > 0) {
+        *value = PyLong_AsUnsignedLongLong(number);
+        if (PyErr_Occurred()) {
+            PyErr_Clear();
+            known = 0;
+        }
+    } else if (overflow < 0 || signed_value < 0) {
+        known = 0;
+    } else {
+        *value = (uint64_t)signed_value;
+    }
+    Py_DECREF(number);
+    return known;
+}
+
+static PyObject *frame_passes(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "frame_passes(data, start, end, declared, expected_dictionary) takes 5 arguments");
+        return NULL;
+    }
+    uint64_t values[4];
+    for (int k = 0; k < 4; k++)
+        if (!frame_argument(args[k + 1], &values[k]))
+            Py_RETURN_FALSE;
+    Py_buffer data;
+    if (PyObject_GetBuffer(args[0], &data, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        Py_RETURN_FALSE;
+    }
+    uint64_t start = values[0], end = values[1];
+    int passes = start <= end && end <= (uint64_t)data.len
+                 && frame_check_passes((const uint8_t *)data.buf + start, end - start, values[2], values[3]);
+    PyBuffer_Release(&data);
+    return PyBool_FromLong(passes);
+}
+
 /* ---- the module ------------------------------------------------------------------------ */
 
 static PyObject *software_crc32c(PyObject *module, PyObject *argument)
@@ -1306,6 +1412,10 @@ static PyMethodDef module_methods[] = {
      "that is left to the Python path."},
     {"msgpack_pack_each", (PyCFunction)(void (*)(void))msgpack_pack_each, METH_FASTCALL,
      "msgpack_pack_each(records, array_type, dtypes) -> list: msgpack_pack of each record of a list."},
+    {"frame_passes", (PyCFunction)(void (*)(void))frame_passes, METH_FASTCALL,
+     "frame_passes(data, start, end, declared, expected_dictionary) -> bool: True only if "
+     "varstore.format.compression.check_frame accepts the frame data[start:end]; False for anything else, "
+     "arguments it cannot read included."},
     {"software_crc32c", (PyCFunction)software_crc32c, METH_O,
      "The table-driven CRC32C, for tests of the path CPUs without SSE4.2 take."},
     {NULL, NULL, 0, NULL},

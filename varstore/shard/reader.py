@@ -342,7 +342,7 @@ class Reader(ShardReaderBase):
     def _read_frame(self, index: int, start: int, end: int) -> Any:
         """Record `index` of a compressed shard, its frame at [start, end): decompressed, then decoded (an
         ``ndarray`` codec's decode refuses a payload of partial rows or, for ``|b1``, bytes other than 0 or 1)."""
-        payload = self._index.decompress(index, self._data_map, start, end, int(self._index.sizes[index]))
+        payload = self._index.decompress(index, self._data_map, start, end, self._index.sizes.item(index))
         if self._payload_decode is None:
             return payload
         try:
