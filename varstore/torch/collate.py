@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import math
 import operator
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
@@ -24,6 +25,7 @@ from torch.utils.data import default_collate
 from ..errors import RecordTypeError, VarstoreError
 from ..shard.reader import FlatBatch
 
+_REQUIRES_GRAD = operator.attrgetter("requires_grad")
 # Tensors whose dtype numpy lacks (bfloat16, float8...) are collated as integers of the same width.
 _SAME_WIDTH_INTEGER = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _INT64_BOUND = np.uint64(2**63)
@@ -103,7 +105,14 @@ def _writable_stored(array: np.ndarray, keep_dtype: bool, where: Callable[[int],
 class SampleBatch(list):
     """The samples of one batch (a list, as collate functions take it) that are consecutive pieces of one buffer,
     `values`: `collate_jagged` and `collate_padded` take that buffer as the batch instead of joining the samples
-    again, as long as every item is still the sample put there. Pickled (to another process) as a plain list."""
+    again, as long as the list is unchanged (`flat`).
+
+    Handed to another process by `multiprocessing` (a DataLoader worker's queue) it travels as that buffer, one
+    tensor whose storage torch shares (one shared-memory segment, not one per sample), and its lengths, and is cut
+    again there: each sample is a tensor of its own storage over its piece of the shared buffer, as in the process
+    that read it (writable; changed in place, it changes no other sample; saved, it saves only its piece; the
+    buffer lives as long as any of its samples). A list changed since it was cut travels as a plain list of its
+    tensors, as pickle and `torch.save` always take it."""
 
     def __init__(self, samples: list[torch.Tensor], values: np.ndarray, lengths: np.ndarray) -> None:
         super().__init__(samples)
@@ -117,8 +126,50 @@ class SampleBatch(list):
             return None
         return _Flat(self.values, self.lengths, None, self.values.dtype)
 
+    def _intact(self) -> bool:
+        """Whether the buffer alone can stand for the list: `flat`'s condition, and every sample still views its
+        piece of `values` as cut (same memory, shape and strides: no in-place ``unsqueeze_``, ``set_`` or
+        ``share_memory_`` since) and asks for no gradient. Checked at once for the whole batch, only when sent."""
+        if self.flat() is None or any(map(_REQUIRES_GRAD, self)):
+            return False
+        values, tensor = self.values, torch.Tensor
+        trailing = values.shape[1:]
+        if list(map(tensor.size, self)) != [(length, *trailing) for length in self.lengths.tolist()]:
+            return False
+        strides = tuple(stride // values.itemsize for stride in values.strides)
+        if list(map(tensor.stride, self)) != [strides] * len(self):
+            return False
+        row_bytes = values.itemsize * math.prod(trailing)
+        starts = np.concatenate(([0], np.cumsum(self.lengths[:-1]))) * row_bytes + values.ctypes.data
+        filled = self.lengths * row_bytes > 0  # an empty tensor's pointer says nothing (torch makes it null)
+        pointers = np.array(list(map(tensor.data_ptr, self)), np.uint64)
+        return bool(np.array_equal(pointers[filled], starts[filled].astype(np.uint64)))
+
     def __reduce__(self) -> tuple[type, tuple[list[torch.Tensor]]]:
         return list, (list(self),)
+
+
+def _cut(values: np.ndarray, lengths: np.ndarray) -> SampleBatch:
+    """`values` cut into samples of `lengths` rows, each a tensor of its own storage over its piece."""
+    bounds = [0, *itertools.accumulate(lengths.tolist())]
+    from_numpy = torch.from_numpy
+    return SampleBatch([from_numpy(values[start:end]) for start, end in zip(bounds, bounds[1:])], values, lengths)
+
+
+def _handed_over(batch: SampleBatch) -> tuple[Callable[..., list[torch.Tensor]], tuple]:
+    """How `multiprocessing` sends a `SampleBatch`: its buffer as one tensor and its lengths, to be cut again by
+    `_received`; a changed list as the plain list of its tensors."""
+    if not batch._intact():
+        return list, (list(batch),)
+    return _received, (torch.from_numpy(batch.values), batch.lengths.tolist())
+
+
+def _received(values: torch.Tensor, lengths: list[int]) -> SampleBatch:
+    """A `SampleBatch` sent by `_handed_over`, cut again from the buffer torch shared."""
+    return _cut(values.numpy(), np.array(lengths, np.int64))
+
+
+ForkingPickler.register(SampleBatch, _handed_over)
 
 
 def stored_tensor_batch(
@@ -128,8 +179,7 @@ def stored_tensor_batch(
     copy for the whole batch, converting on the way. Each tensor has its own storage over its part of that buffer,
     so saving one saves only it, and changing one in place is no autograd change to another. `name(k)` names
     record k in errors."""
-    sizes = [len(array) for array in arrays]
-    lengths = np.array(sizes, np.int64)
+    lengths = np.array([len(array) for array in arrays], np.int64)
     dtype = tensor_dtype(arrays[0].dtype, keep_dtype)
     if dtype != arrays[0].dtype and arrays[0].dtype != np.uint64:
         values = np.concatenate(arrays, dtype=dtype)
@@ -138,9 +188,7 @@ def stored_tensor_batch(
         np.cumsum(lengths, out=offsets[1:])
         joined = np.concatenate(arrays)
         values = _writable_stored(joined, keep_dtype, naming_records(joined, offsets, name), path)
-    bounds = [0, *itertools.accumulate(sizes)]
-    from_numpy = torch.from_numpy
-    return SampleBatch([from_numpy(values[start:end]) for start, end in zip(bounds, bounds[1:])], values, lengths)
+    return _cut(values, lengths)
 
 
 def stored_tensors(value: Any, keep_dtype: bool, record: str, path: str | None, field: tuple = ()) -> Any:

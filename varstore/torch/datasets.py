@@ -54,7 +54,8 @@ class RecordDataset(Dataset):
 
     The DataLoader fetches each batch through `__getitems__`, one vectorised
     `get_batch`. Samples are tensors copied out of the read-only map (``ndarray``
-    records; ``bytes`` records as uint8), str for ``str`` records, and for
+    records; ``bytes`` records as uint8: a batch of either is one `SampleBatch`, one buffer
+    from a worker to the main process), str for ``str`` records, and for
     ``msgpack`` records the decoded structure with its arrays as tensors. Integer
     arrays (records, and arrays inside ``msgpack`` records) become int64 tensors, which
     embeddings and losses take; ``keep_dtype=True`` keeps the stored dtype (uint64
@@ -174,9 +175,12 @@ class RecordDataset(Dataset):
             records = fetch(indices)
         if not self.flat_batches:
             positions = np.asarray(indices).tolist()
-            if not (self._array_codec and self.output == "torch" and records):
+            if not ((self._array_codec or self._bytes_codec) and self.output == "torch" and records):
                 return [self._sample(record, index) for record, index in zip(records, positions)]
-            samples = stored_tensor_batch(records, self.keep_dtype, lambda k: f"record {positions[k] % self._length}", self.path)
+            arrays = records if self._array_codec else [np.frombuffer(record, np.uint8) for record in records]
+            samples = stored_tensor_batch(
+                arrays, self.keep_dtype or self._bytes_codec, lambda k: f"record {positions[k] % self._length}", self.path
+            )
             return samples if self.transform is None else [self.transform(sample) for sample in samples]
         if self.output == "numpy":
             return records
