@@ -11,6 +11,8 @@ import os
 import re
 import shutil
 import struct
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ from tfrecord.reader import tfrecord_iterator, tfrecord_loader
 
 import varstore
 from varstore.conversion import convert
-from varstore.conversion.tfrecord import decode_example, framed_records
+from varstore.conversion.tfrecord import decode_example, example_decoder, framed_records
 from varstore.errors import CommandError, VarstoreError
 from varstore.remote.filesystems import open_filesystem
 
@@ -374,3 +376,89 @@ def test_codec_str_is_refused_for_tfrecord(capsys, tmp_path):
     _write_tfrecord(tmp_path / "a.tfrecord", 0, 1)
     code, _, err = run(capsys, "convert", tmp_path / "a.tfrecord", tmp_path / "ds", "--codec", "str")
     assert_one_line_error(code, err, "--codec str does not apply to TFRecord files")
+
+
+# The fast path through protobuf's parser (tfrecord_protobuf), against the pure decoder: the same values, or the
+# same refusal, on every message.
+decode_example_with_protobuf = example_decoder()
+
+
+def _outcome(decode: Any, data: bytes) -> tuple[str, Any]:
+    """What `decode` makes of `data`: its values, or the message of its refusal."""
+    try:
+        return "values", decode(data, "f, record 0")
+    except CommandError as error:
+        return "refused", str(error)
+
+
+def _assert_fast_path_agrees(data: bytes) -> None:
+    (kind, pure), (fast_kind, fast) = _outcome(decode_example, data), _outcome(decode_example_with_protobuf, data)
+    assert fast_kind == kind, (data, pure, fast)
+    assert _same(fast, pure), (data, pure, fast)
+    if kind == "values":
+        assert list(fast) == list(pure)  # in the same order: sorted by name
+
+
+@given(_example_message())
+def test_the_fast_path_reads_every_example_as_the_pure_decoder(data):
+    _assert_fast_path_agrees(data)
+
+
+@given(st.binary(max_size=64))
+def test_the_fast_path_reads_or_refuses_any_bytes_as_the_pure_decoder(data):
+    _assert_fast_path_agrees(data)
+
+
+@given(_example_message(), st.data())
+def test_the_fast_path_reads_or_refuses_a_cut_example_as_the_pure_decoder(data, draw):
+    _assert_fast_path_agrees(data[: draw.draw(st.integers(0, max(0, len(data) - 1)))])
+
+
+_ENTRY_WITH_UNKNOWN = _delimited(1, _delimited(1, _delimited(1, b"a") + _delimited(2, b"") + _tag(3, 0) + b"\x01"))
+_TEN_BYTE_INT = _delimited(1, _delimited(1, _delimited(1, b"ids") + _delimited(2, _delimited(3, _delimited(
+    1, b"\x85" + b"\xff" * 8 + b"\x7f")))))
+_NAN_BITS = struct.pack("<3I", 0x7FA00001, 0xFFC12345, 0x7F800001)  # signalling, negative quiet, least signalling
+
+
+@pytest.mark.parametrize("data", [
+    _ENTRY_WITH_UNKNOWN,  # protobuf keeps the entry as an unknown field of Features: out of the map in both
+    _ENTRY_WITH_UNKNOWN + _delimited(1, _delimited(1, _delimited(1, b"b"))),
+    _TEN_BYTE_INT,  # the low 64 bits of a 10-byte varint
+    _delimited(1, _delimited(1, _delimited(1, b"tokens") + _delimited(2, _delimited(3, _delimited(
+        1, b"".join(_varint(token * 7919 % 2**64) for token in range(-200, 300))))))),  # a long packed list
+    _delimited(1, b"") + _tag(7, 3) + _tag(7, 4),  # an unknown group, which protobuf skips: refused by both
+    _delimited(1, _delimited(1, _delimited(1, b"x") + _delimited(2, _delimited(2, _delimited(1, _NAN_BITS))))),
+    # refused by both, with the pure decoder's message: a varint of 11 bytes, a length past 64 bits, field 0, a
+    # name not UTF-8, wire type 7, packed floats of 3 bytes
+    _tag(1, 2) + b"\xff" * 10 + b"\x01", _tag(1, 2) + b"\xff" * 9 + b"\x02", b"\x02\x00",
+    _delimited(1, _delimited(1, _delimited(1, b"\xff\xfe"))), _tag(2, 7),
+    _delimited(1, _delimited(1, _delimited(2, _delimited(2, _delimited(1, b"\0\0\0"))))),
+])
+def test_the_fast_path_reads_the_known_divergences_of_protobuf_as_the_pure_decoder(data):
+    _assert_fast_path_agrees(data)
+
+
+def test_nan_floats_keep_their_bits_on_the_fast_path():
+    message = _delimited(1, _delimited(1, _delimited(1, b"x") + _delimited(2, _delimited(2, _delimited(1, _NAN_BITS)))))
+    assert decode_example_with_protobuf(message, "f")["x"].tobytes() == _NAN_BITS
+
+
+def test_convert_uses_the_fast_path_with_protobuf_and_the_pure_decoder_without(monkeypatch, tmp_path):
+    path = _write_tfrecord(tmp_path / "a.tfrecord", 0, 20)
+    assert example_decoder() is not decode_example  # protobuf is installed here
+    convert(str(path), str(tmp_path / "fast"))
+    monkeypatch.setitem(sys.modules, "google.protobuf", None)  # protobuf not installed
+    monkeypatch.setitem(sys.modules, "varstore.conversion.tfrecord_protobuf", None)
+    assert example_decoder() is decode_example
+    convert(str(path), str(tmp_path / "pure"))
+    expected = _peer_examples(path)
+    _assert_same_records(_records(tmp_path / "fast"), expected)
+    _assert_same_records(_records(tmp_path / "pure"), expected)
+
+
+@pytest.mark.timeout(180)
+def test_import_varstore_and_its_converters_imports_no_protobuf():
+    code = "import sys, varstore, varstore.conversion.sources; print([m for m in sys.modules if 'protobuf' in m])"
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.strip() == "[]"

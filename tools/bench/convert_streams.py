@@ -19,7 +19,8 @@ process (so both meet the same page cache and the same machine load), best and m
 Beside them, ``writer``: varstore's `ShardedWriter` writing the converted records, held in memory, to the same
 place (the part of a conversion that is not reading the peer's format). MB/s is always the input files' bytes
 over the seconds. The load average at the start and end is printed beside the
-table: the figures are ratios of peers measured side by side, not absolute speeds.
+table: the figures are ratios of peers measured side by side, not absolute speeds. ``--pure-decoder`` converts
+with the pure-Python Example decoder, as when protobuf is not installed.
 """
 
 from __future__ import annotations
@@ -120,7 +121,13 @@ def main() -> None:
     parser.add_argument("--megabytes", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("bench-out/convert-streams"))
+    parser.add_argument("--pure-decoder", action="store_true",
+                        help="decode Examples with the pure-Python decoder, not protobuf's parser (the fast path)")
     args = parser.parse_args()
+    if args.pure_decoder:
+        from varstore.conversion import tfrecord
+
+        tfrecord.example_decoder = lambda: tfrecord.decode_example
     shutil.rmtree(args.out, ignore_errors=True)
     args.out.mkdir(parents=True)
     load_before = os.getloadavg()
