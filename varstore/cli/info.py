@@ -1,5 +1,5 @@
-"""``varstore info``: what a shard or dataset holds, from headers and the manifest alone (instant at any size;
-`varstore.operations.describe`)."""
+"""``varstore info``: what a shard or dataset holds, from each index's first 4 KiB and the manifest (instant at
+any size; `varstore.operations.describe`)."""
 
 from __future__ import annotations
 
@@ -25,8 +25,9 @@ from .output import (
 from .stores import REMOTE_EPILOG, add_location_options, check_location_options, location_options
 
 _DESCRIPTION = """Describe a shard or dataset: format version, codec, record count (and rows, or tokens, of ndarray
-stores), sizes, checksums, metadata and shards. Reads only headers and the manifest, so it is instant at any size
-(at a URL: one request for the manifest and one for each shard's header, all at once, besides the open's checks).
+stores), sizes, checksums, metadata and shards. Reads only each index's first 4 KiB (its header and metadata) and
+the manifest, so it is instant at any size (at a URL: one request for the manifest and one for each shard's first
+4 KiB, all at once, besides the open's checks).
 A dataset with damaged shards (a file truncated, missing or not as the manifest lists it) is described all the
 same, its damaged shards named with what is wrong, and info then exits 1."""
 
@@ -67,7 +68,15 @@ def _checksums_text(facts: Description) -> str:
         return _NO_SHARDS
     if facts.kind == "dataset" and len(facts.damaged_shards) == len(facts.shards):
         return _ALL_DAMAGED
-    whole = "of each whole data file" if facts.kind == "dataset" else "of the whole data file"
+    each = "each" if facts.kind == "dataset" else "the"
+    whole = f"of {each} whole data file"
+    unrecorded = facts.data_crc_unrecorded
+    intact = len(facts.shards) - len(facts.damaged_shards) if facts.kind == "dataset" else 1
+    if unrecorded == intact:  # §1.2: the header then holds the CRC32C of the data file's edges only
+        whole = f"of {each} data file's first and last 4 KiB (the whole file's is not recorded)"
+    elif unrecorded:
+        shards = plural(intact, "intact shard" if facts.damaged_shards else "shard")
+        whole += f" (not recorded in {unrecorded} of {shards})"
     if facts.record_checksums is None:
         intact = [shard for shard in facts.shards if shard.damage is None]
         with_checksums = sum(bool(shard.record_checksums) for shard in intact)

@@ -99,19 +99,20 @@ def _verify_arrival(location: str, options: dict[str, Any]) -> None:
 
 def _verify_listed(local: str, entry: ShardEntry, codec: Any, destination: str) -> None:
     with open_listed_shard(os.path.dirname(local) or ".", entry, codec) as reader:
-        _refuse_unrecorded_data_crc(reader, destination)
+        refuse_unrecorded_data_crc(reader, destination)
         verify_listed_shard(reader, entry)
 
 
 def _verify_lone(local: str, destination: str) -> None:
     with Reader(local) as reader:
-        _refuse_unrecorded_data_crc(reader, destination)
+        refuse_unrecorded_data_crc(reader, destination)
         reader.verify()
 
 
-def _refuse_unrecorded_data_crc(reader: Reader, destination: str) -> None:
+def refuse_unrecorded_data_crc(reader: Reader, destination: str) -> None:
     """Object storage names and checks a downloaded data file by its data CRC32C, so a shard that records none
-    (§1.2: a Megatron import without ``--data-crc``) cannot go there; refused before its bytes are sent."""
+    (§1.2: a Megatron import without ``--data-crc``) cannot go there (by cp or merge); refused before its bytes
+    are sent."""
     if is_url(destination) and not reader.header.data_crc_recorded:
         raise UsageError(f"{reader.index_path}: its data CRC32C is not recorded (imported without --data-crc), and object storage "
                          f"checks every download by it: import it again with --data-crc to copy it to {destination}")

@@ -1,11 +1,13 @@
-"""`describe`: what a shard or dataset holds, from headers and the manifest alone (instant at any size: at a URL,
-one request for the manifest and one for each shard's header, all at once, besides the open's checks).
+"""`describe`: what a shard or dataset holds, from each index's first 4 KiB (its header and, mostly, its metadata,
+which says whether its data CRC32C is recorded, §1.2) and the manifest (instant at any size: at a URL, one request
+for the manifest and one for each shard's first 4 KiB, all at once, besides the open's checks).
 
 A dataset with damaged shards is described all the same, each damaged shard from its manifest entry and with the
 damage found, so that a user can see what the dataset is before verify or repair."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +24,7 @@ from ..format import compression as zstd_format
 from ..format import header as fmt
 from ..format.codecs import make_codec
 from ..format.manifest import MANIFEST_NAME, MANIFEST_VERSION, ShardEntry
+from ..format.metadata import MAX_METADATA_DEPTH, metadata_members, parse_strict_json
 from ..local.mapping import pread_exactly
 from ..remote.filesystems import read_heads, read_range, with_retries
 from .locations import Store, filesystem, remote_options
@@ -47,6 +50,7 @@ class ShardDescription:
     compression: str | None = None  # "none", "zstd" or "zstd-dict"; None when damaged
     dictionary_size: int = 0
     raw_size: int | None = None  # the bytes its records decode to (its data_size when uncompressed); None when damaged
+    data_crc_recorded: bool | None = None  # False when its metadata says its data CRC32C is not (§1.2); None if damaged
 
     @property
     def ratio(self) -> float | None:
@@ -57,7 +61,7 @@ class ShardDescription:
         return {"name": self.name, "format_version": None if self.format_version is None else list(self.format_version),
                 "record_checksums": self.record_checksums, "record_count": self.record_count,
                 "data_size": self.data_size, "index_size": self.index_size, "damage": self.damage,
-                **_compression_json(self)}
+                "data_crc_recorded": self.data_crc_recorded, **_compression_json(self)}
 
 
 def compression_ratio(stored: int, raw: int | None) -> float | None:
@@ -116,6 +120,13 @@ class Description:
         return compression_ratio(self.data_size, self.raw_size)
 
     @property
+    def data_crc_unrecorded(self) -> int:
+        """How many shards (a lone shard: 1 or 0) record no data CRC32C (§1.2)."""
+        if self.kind == "shard":
+            return int(self.data_crc32c is None)
+        return sum(shard.data_crc_recorded is False for shard in self.shards)
+
+    @property
     def damaged_shards(self) -> list[ShardDescription]:
         """A dataset's shards that failed the open's checks (their files truncated, missing or not as listed)."""
         return [shard for shard in self.shards if shard.damage is not None]
@@ -163,9 +174,28 @@ def length_unit(codec: str, dtype: np.dtype | None, shape: tuple[int, ...] | Non
     return ("tokens" if dtype.kind in "iu" else "elements"), dtype.itemsize
 
 
+_HEAD_SIZE = 4096  # the bytes of an index read for its header: its metadata too, unless that is longer
+
+
+def _unpack_head(head: bytes, index_size: int, path: str, read: Callable[[int, int], bytes]) -> fmt.Header:
+    """The header at the start of `head` (an index's first bytes), with whether its data CRC32C is recorded: in
+    1.x its metadata says (§1.2), parsed from `head` or, when longer, from `read(start, end)` of the index."""
+    header = fmt.unpack_header(head[: fmt.HEADER_SIZE], index_size=index_size, path=path)
+    if header.major_version != fmt.MAJOR_VERSION:
+        return header
+    end = fmt.HEADER_SIZE + header.metadata_size
+    raw = head[fmt.HEADER_SIZE : end] if end <= len(head) else read(fmt.HEADER_SIZE, end)
+    metadata = parse_strict_json(raw, MAX_METADATA_DEPTH, what="metadata", path=path)
+    metadata_members(metadata, path=path)
+    return dataclasses.replace(header, data_crc_recorded=fmt.data_crc_recorded(header, metadata, path=path))
+
+
 def _read_header(index_path: str) -> fmt.Header:
     with open(index_path, "rb") as file:
-        return fmt.unpack_header(file.read(fmt.HEADER_SIZE), index_size=os.fstat(file.fileno()).st_size, path=index_path)
+        def read(start: int, end: int) -> bytes:
+            return pread_exactly(file.fileno(), end - start, start, index_path)
+
+        return _unpack_head(file.read(_HEAD_SIZE), os.fstat(file.fileno()).st_size, index_path, read)
 
 
 def _header_or_damage(read: Callable[[], fmt.Header]) -> fmt.Header | str:
@@ -178,8 +208,9 @@ def _header_or_damage(read: Callable[[], fmt.Header]) -> fmt.Header | str:
 
 def _listed_headers(store: ShardedReader, storage_options: dict[str, Any] | None) -> tuple[list[fmt.Header | str], int]:
     """The header of every shard the manifest lists, or the damage that makes it unreadable (found at the open or
-    now), and the manifest's size in bytes: read from the files, or at a URL by one concurrent request per header
-    (each shard's index is not fetched; one at a time only to tell which shards fail, when some do)."""
+    now), and the manifest's size in bytes: read from the files, or at a URL by one concurrent request for each
+    index's first 4 KiB (its header and, mostly, the metadata that says whether its data CRC32C is recorded, §1.2;
+    each shard's index is not fetched; one at a time only to tell which shards fail, when some do)."""
     entries, set_aside = store.manifest.shards, store._quarantine or {}
     index_paths = [fmt.shard_paths(prefix)[1] for prefix in store.shard_paths]
     if not store.is_remote:
@@ -190,12 +221,14 @@ def _listed_headers(store: ShardedReader, storage_options: dict[str, Any] | None
     wanted = [position for position in range(len(entries)) if position not in set_aside]
     sized = [(f"{root}/{entries[position].name}{fmt.INDEX_SUFFIX}", entries[position].index_size) for position in wanted]
     try:
-        heads: list[bytes | str] = list(read_heads(fs, sized, fmt.HEADER_SIZE, url=store.path))
+        heads: list[bytes | str] = list(read_heads(fs, sized, _HEAD_SIZE, url=store.path))
     except _DAMAGE_ERRORS:  # some shard's index is missing or short: asked one by one, to tell which
         heads = [_head_or_damage(fs, one, index_paths[position]) for one, position in zip(sized, wanted)]
     found: dict[int, fmt.Header | str] = dict(set_aside)
-    for position, head in zip(wanted, heads):
-        unpack = partial(fmt.unpack_header, head, index_size=entries[position].index_size, path=index_paths[position])
+    for position, (object_path, index_size), head in zip(wanted, sized, heads):
+        url = index_paths[position]
+        read = partial(read_range, fs, object_path, url=url, size=index_size)
+        unpack = partial(_unpack_head, head, index_size, url, read)
         found[position] = head if isinstance(head, str) else _header_or_damage(unpack)
     headers = [found[position] for position in range(len(entries))]
     manifest_url = f"{store.path.rstrip('/')}/{MANIFEST_NAME}"
@@ -204,9 +237,9 @@ def _listed_headers(store: ShardedReader, storage_options: dict[str, Any] | None
 
 
 def _head_or_damage(fs: Any, sized_path: tuple[str, int], url: str) -> bytes | str:
-    """One shard's header bytes, or why they cannot be read (a missing or short index object, at `url`)."""
+    """One shard's first bytes, or why they cannot be read (a missing or short index object, at `url`)."""
     try:
-        return read_heads(fs, [sized_path], fmt.HEADER_SIZE, url=url)[0]
+        return read_heads(fs, [sized_path], _HEAD_SIZE, url=url)[0]
     except _DAMAGE_ERRORS as error:
         return str(error)
 
@@ -214,7 +247,8 @@ def _head_or_damage(fs: Any, sized_path: tuple[str, int], url: str) -> bytes | s
 def _shard_description(name: str, header: fmt.Header, raw_size: int) -> ShardDescription:
     return ShardDescription(name, header.version, header.has_record_checksums, header.record_count, header.data_size,
                             header.index_size, compression=zstd_format.NAMES[header.compression],
-                            dictionary_size=header.dictionary_size, raw_size=raw_size)
+                            dictionary_size=header.dictionary_size, raw_size=raw_size,
+                            data_crc_recorded=header.data_crc_recorded)
 
 
 def _listed_description(entry: ShardEntry, header: fmt.Header | str, raw_size: int | str) -> ShardDescription:

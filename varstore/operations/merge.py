@@ -21,6 +21,8 @@ from ..format.manifest import Manifest, ShardEntry
 from ..local.file_url import resolve_file_url
 from ..local.manifest_file import describe_shard
 from ..progress import ProgressBar, reporting
+from ..shard.reader import Reader
+from .copy import refuse_unrecorded_data_crc
 from .describe import describe_codec
 from .locations import is_url, open_store, store_path
 from .transfer import LocalDestination, RemoteDestination, dataset_destination
@@ -160,6 +162,10 @@ def merge(sources: Sequence[str | os.PathLike[str]], destination: str | os.PathL
     differ = metadata is None and any(source.metadata != read[0].metadata for source in read)
     merged_metadata = metadata if metadata is not None else {} if differ else read[0].metadata
     shards = [shard for source in read for shard in source.shards]
+    if is_url(destination):
+        for shard in shards:
+            with Reader(shard.prefix) as reader:
+                refuse_unrecorded_data_crc(reader, destination)
     with dataset_destination(destination, storage_options, command="merge", allow_other_files=allow_other_files,
                              copy=copy) as target:
         entries = _bring_shards(shards, target, progress)

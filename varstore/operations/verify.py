@@ -112,36 +112,38 @@ def describe_damage(checks: list[ShardCheck]) -> str | None:
     return "; ".join(f"{check.name}: {check.describe()}" for check in bad[:3]) + more
 
 
-def _check(check: ShardCheck, verify_shard: Callable[[], bool]) -> None:
-    """Run `verify_shard`, which returns whether the shard's data CRC32C is recorded, into `check`."""
+def _check(check: ShardCheck, verify_shard: Callable[[], None]) -> None:
+    """Run `verify_shard`, which notes in `check` whether the shard's data CRC32C is recorded once it is open (so
+    also for a shard found damaged), recording what it raises in `check`."""
     try:
-        check.data_crc_recorded = verify_shard()
+        verify_shard()
     except CorruptRecordError as error:
         check.error, check.bad_records = str(error), list(error.records)
     except VarstoreError as error:
         check.error = str(error)
 
 
-def _verified(shard: Any, progress: Advance) -> bool:
-    """Verify `shard` (a reader); whether its data CRC32C is recorded, and so was checked."""
+def _verified(shard: Any, check: ShardCheck, progress: Advance) -> None:
+    """Verify `shard` (a reader) into `check`, noting first whether its data CRC32C is recorded, and so checked."""
+    check.data_crc_recorded = shard.header.data_crc_recorded
     shard.verify(progress)
-    return bool(shard.header.data_crc_recorded)
 
 
 def _check_shard(reader: Any, progress: Advance) -> list[ShardCheck]:
     check = ShardCheck(reader.path, 0, len(reader))
-    _check(check, partial(_verified, reader, progress))
+    _check(check, partial(_verified, reader, check, progress))
     return [check]
 
 
-def _check_shards(manifest: Manifest, verify_shard: Callable[[ShardEntry], bool], workers: int) -> list[ShardCheck]:
+def _check_shards(manifest: Manifest, verify_shard: Callable[[ShardEntry, ShardCheck], None],
+                  workers: int) -> list[ShardCheck]:
     """Each shard of `manifest` checked by `verify_shard`, `workers` shards at once (on threads)."""
     firsts = [0, *accumulate(entry.records for entry in manifest.shards)]
 
     def check_one(position: int) -> ShardCheck:
         entry = manifest.shards[position]
         check = ShardCheck(entry.name, firsts[position], entry.records)
-        _check(check, partial(verify_shard, entry))
+        _check(check, partial(verify_shard, entry, check))
         return check
 
     return in_order(check_one, range(len(manifest.shards)), workers)
@@ -151,10 +153,10 @@ def _check_dataset(directory: str, manifest: Manifest, workers: int, progress: A
     codec = codec_from_stored(manifest.codec, manifest.codec_params, path=directory)
     progress = serialised(progress) if workers > 1 else progress  # type: ignore[assignment]
 
-    def verify_shard(entry: ShardEntry) -> bool:
+    def verify_shard(entry: ShardEntry, check: ShardCheck) -> None:
         with open_listed_shard(directory, entry, codec) as reader:
+            check.data_crc_recorded = reader.header.data_crc_recorded
             verify_listed_shard(reader, entry, progress)
-            return bool(reader.header.data_crc_recorded)
 
     return _check_shards(manifest, verify_shard, workers)
 
@@ -164,10 +166,10 @@ def _check_remote_dataset(source: RemoteDatasetSource, manifest: Manifest, worke
     codec = codec_from_stored(manifest.codec, manifest.codec_params, path=source.location.url)
     progress = serialised(progress) if workers > 1 else progress  # type: ignore[assignment]
 
-    def verify_shard(entry: ShardEntry) -> bool:
+    def verify_shard(entry: ShardEntry, check: ShardCheck) -> None:
         # The index is fetched verified against the entry's CRC32C, the data against the header's.
         with source.open_shard(manifest, entry, codec, verify_reads=False, replaced_check=_report_damage, whole=True) as shard:
-            return _verified(shard, progress)
+            _verified(shard, check, progress)
 
     return _check_shards(manifest, verify_shard, workers)
 
