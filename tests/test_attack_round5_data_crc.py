@@ -18,7 +18,7 @@ import varstore
 from varstore.cli import main
 from varstore.conversion.megatron import SHARD_NAME, import_megatron
 from varstore.dataset.writer import write_manifest
-from varstore.errors import UsageError, VarstoreError
+from varstore.errors import FormatError, UsageError, VarstoreError
 
 from . import spec_reader, spec_reader_1_1
 from .test_megatron_layout import write_megatron
@@ -194,11 +194,7 @@ def test_merge_into_object_storage_refuses_an_unrecorded_data_crc_before_sending
     assert not MemoryFileSystem().exists(url)
 
 
-@pytest.mark.xfail(strict=True, reason="remote_shard.py (not this task's file) checks an arrived data object against "
-                   "the header's data_crc32c (0) even when the metadata says it is not recorded: each whole fetch is "
-                   "downloaded 5 times and refused as 'expected CRC32C 0x00000000', and a remote verify calls the "
-                   "shard damaged")
-def test_a_shard_put_into_object_storage_by_other_means_reads_and_verifies_remotely(tmp_path, caplog):
+def test_a_shard_put_into_object_storage_by_other_means_is_refused_by_name_before_its_data_is_fetched(tmp_path, caplog):
     from fsspec.implementations.memory import MemoryFileSystem
 
     dataset = _imported(tmp_path, "dataset", (5, 9))
@@ -207,11 +203,12 @@ def test_a_shard_put_into_object_storage_by_other_means_reads_and_verifies_remot
     for name in sorted(os.listdir(dataset)):
         memory.pipe(f"{url}/{name}", (dataset / name).read_bytes())
     with varstore.open(url, cache_dir=tmp_path / "cache") as remote:
-        assert [list(remote[i]) for i in range(len(remote))] == [list(range(5)), list(range(9))]
-    assert "expected CRC32C 0x00000000" not in caplog.text  # a whole fetch refused for want of a CRC never recorded
-    report = varstore.verify(url)
-    assert [check.error for check in report.shards] == [None]
-    assert report.data_crc_unrecorded == [SHARD_NAME]
+        with pytest.raises(FormatError, match=r"shard-000000\.index: its data CRC32C is not recorded.*--data-crc"):
+            remote[0]
+    assert "expected CRC32C 0x00000000" not in caplog.text  # no whole download was tried and refused
+    assert not any(name.endswith(".data") for _, _, names in os.walk(tmp_path / "cache") for name in names)
+    report = varstore.verify(url, cache_dir=tmp_path / "cache")
+    assert ["data CRC32C is not recorded" in (check.error or "") for check in report.shards] == [True]
 
 
 def _checksums_line(capsys, path: Path) -> str:

@@ -477,7 +477,9 @@ class Reader(ShardReaderBase):
         """Check every byte and, for every record, every rule a read checks (§1.3); see `ShardIndex.verify`.
 
         Raises on a damaged structure at once; damaged records are all listed in one
-        CorruptRecordError. `progress` receives byte counts of the data file.
+        CorruptRecordError. `progress` receives byte counts of the data file. A shard whose data CRC32C is not
+        recorded (``header.data_crc_recorded`` False, §1.2) is checked for everything else: `varstore.verify`'s
+        report names it.
 
         Both files are opened again and read with ``pread``, not through the maps (a hole of a sparse file on a
         full filesystem faults with SIGBUS, which would kill the process). Files replaced since this reader

@@ -56,6 +56,7 @@ from ..errors import (
 )
 from ..format import header as fmt
 from ..format.checksum import crc32c, crc32c_of_each
+from ..format.metadata import DATA_CRC_MEMBER, MAX_METADATA_DEPTH, parse_strict_json
 from ..local.mapping import map_file, pread_exactly
 from ..remote.cache import DamagedDownloadError
 from ..remote.filesystems import DEFAULT_ATTEMPTS, backoff_delay
@@ -155,13 +156,14 @@ class RemoteShard(ShardReaderBase):
         self._ranged_bytes = 0
         self._whole_requested_by: int | None = os.getpid()  # not while opening: the open's own edge reads are not the reader's
         self._data_size = data_size
-        if whole:
-            self._map_whole_data(data_crc32c)
-        elif self._fetch_whole_after is not None:
-            self._map_cached_data(data_crc32c)
         fd = self._fetch_index(index_size, index_crc32c)
         try:
             header = fmt.unpack_header(pread_exactly(fd, fmt.HEADER_SIZE, 0, self.index_path), index_size=index_size, path=self.index_path)
+            _refuse_unrecorded_data_crc(fd, header, self.index_path)
+            if whole:
+                self._map_whole_data(data_crc32c)
+            elif self._fetch_whole_after is not None:
+                self._map_cached_data(data_crc32c)
             edges = self._data_edges(data_size, data_crc32c, header.data_edge_crc32c, header.has_record_checksums)
             edge_bytes = dict(zip(fmt.edge_ranges(data_size), edges))
             index = ShardIndex.open(
@@ -621,6 +623,18 @@ def _checksum_error(
         path=data_path,
         records=indices[wrong].tolist(),
     )
+
+
+def _refuse_unrecorded_data_crc(fd: int, header: fmt.Header, index_path: str) -> None:
+    """A shard whose data CRC32C is not recorded (§1.2, §4.1) is refused before its data is fetched: every download
+    of a data object is checked by that CRC. Its metadata is parsed here only if it names the member."""
+    if header.major_version != fmt.MAJOR_VERSION:
+        return
+    raw = pread_exactly(fd, header.metadata_size, fmt.HEADER_SIZE, index_path)
+    if DATA_CRC_MEMBER.encode() in raw and not fmt.data_crc_recorded(
+            header, parse_strict_json(raw, MAX_METADATA_DEPTH, what="metadata", path=index_path), path=index_path):
+        raise FormatError("its data CRC32C is not recorded (a Megatron import without --data-crc), and object storage "
+                          "checks every download of a data object by it: import it again with --data-crc", path=index_path)
 
 
 def fetch_whole_after(data_size: int, dataset_size: int, cache_limit: int | None) -> int | None:
