@@ -128,11 +128,14 @@ class SampleBatch(list):
 
     def _intact(self) -> bool:
         """Whether the buffer alone can stand for the list: `flat`'s condition, and every sample still views its
-        piece of `values` as cut (same memory, shape and strides: no in-place ``unsqueeze_``, ``set_`` or
-        ``share_memory_`` since) and asks for no gradient. Checked at once for the whole batch, only when sent."""
+        piece of `values` as cut (same memory, shape, strides, dtype and class: no in-place ``unsqueeze_``,
+        ``set_``, ``share_memory_``, ``.data`` view or ``__class__`` since) and asks for no gradient. Checked at once
+        for the whole batch, only when sent."""
         if self.flat() is None or any(map(_REQUIRES_GRAD, self)):
             return False
         values, tensor = self.values, torch.Tensor
+        if {(type(sample), sample.dtype) for sample in self} != {(tensor, torch.from_numpy(values[:0]).dtype)}:
+            return False
         trailing = values.shape[1:]
         if list(map(tensor.size, self)) != [(length, *trailing) for length in self.lengths.tolist()]:
             return False
