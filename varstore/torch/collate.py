@@ -148,6 +148,17 @@ class SampleBatch(list):
         pointers = np.array(list(map(tensor.data_ptr, self)), np.uint64)
         return bool(np.array_equal(pointers[filled], starts[filled].astype(np.uint64)))
 
+    def __copy__(self) -> SampleBatch:
+        """A shallow copy, still of the same buffer: DataLoader's `default_convert`, which ``batch_size=None``
+        applies to every batch a `RecordStream` yields, copies lists this way before a worker sends them."""
+        copy = SampleBatch(self._samples, self.values, self.lengths)
+        copy[:] = self
+        return copy
+
+    def pin_memory(self) -> list[torch.Tensor]:
+        """The samples pinned, as the plain list torch's `pin_memory` makes of a list (the buffer stays unpinned)."""
+        return [sample.pin_memory() for sample in self]
+
     def __reduce__(self) -> tuple[type, tuple[list[torch.Tensor]]]:
         return list, (list(self),)
 

@@ -299,7 +299,10 @@ class RecordStream(EpochPosition, IterableDataset):
     yields whole batches (`collate_fn` applied), read with one vectorised `get_batch`
     each. The default `collate_fn` is torch's `default_collate` (it stacks samples of
     equal shape, tuples from a `transform` included); records of different lengths
-    need `collate_jagged` or `collate_padded`, which the default's error names. Keep
+    need `collate_jagged` or `collate_padded`, which the default's error names. A
+    `collate_fn` that returns the samples as they come (``ndarray`` and ``bytes``
+    records) yields the `SampleBatch` that `RecordDataset` reads, and a worker hands
+    it to the loop as one buffer, cut there into the same samples. Keep
     the DataLoader's default ``in_order=True`` and ``persistent_workers=False``:
     workers built once never see `set_epoch`.
 
