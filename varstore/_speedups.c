@@ -1383,6 +1383,158 @@ static PyObject *frame_passes(PyObject *module, PyObject *const *args, Py_ssize_
     return PyBool_FromLong(passes);
 }
 
+/* ---- compressed records: the frame read of a 2.x shard's bytes and str records --------- */
+
+/* One 2.x shard's single reads: bounds, the frame check, then the owning thread's zstd context, called through its
+   `decompress(frame, size)`; every decline (None) sends the read to the Python path, which words the error. A
+   context is not thread-safe, so reads from any thread but the one that made the slicer decline too. */
+typedef struct {
+    PyObject_HEAD
+    Py_buffer index;
+    Py_buffer sizes;
+    Py_buffer data;
+    Py_ssize_t offsets_start;
+    Py_ssize_t count;
+    uint64_t dictionary_id;
+    PyObject *decompress;
+    unsigned long owner;
+    int as_str;
+    int holding;
+} FrameSlicer;
+
+static void frames_release(FrameSlicer *self)
+{
+    if (self->holding) {
+        self->holding = 0;
+        PyBuffer_Release(&self->index);
+        PyBuffer_Release(&self->sizes);
+        PyBuffer_Release(&self->data);
+    }
+    Py_CLEAR(self->decompress);
+}
+
+static int frames_init(FrameSlicer *self, PyObject *args, PyObject *kwargs)
+{
+    PyObject *index, *sizes, *data, *decompress;
+    Py_ssize_t offsets_start, count;
+    unsigned long long dictionary_id;
+    int as_str;
+    static char *names[] = {"index", "offsets_start", "count", "sizes", "data", "as_str", "dictionary_id", "decompress", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OnnOOpKO", names, &index, &offsets_start, &count, &sizes, &data,
+                                     &as_str, &dictionary_id, &decompress))
+        return -1;
+    frames_release(self);
+    if (offsets_start < 0 || count < 0 || !PyCallable_Check(decompress)) {
+        PyErr_SetString(PyExc_ValueError, "offsets_start and count must not be negative and decompress must be callable");
+        return -1;
+    }
+    if (PyObject_GetBuffer(index, &self->index, PyBUF_SIMPLE) < 0)
+        return -1;
+    if (PyObject_GetBuffer(sizes, &self->sizes, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&self->index);
+        return -1;
+    }
+    if (PyObject_GetBuffer(data, &self->data, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&self->index);
+        PyBuffer_Release(&self->sizes);
+        return -1;
+    }
+    if ((self->index.len - offsets_start) / 8 <= count || self->sizes.len / 4 < count) {
+        PyBuffer_Release(&self->index);
+        PyBuffer_Release(&self->sizes);
+        PyBuffer_Release(&self->data);
+        PyErr_Format(PyExc_ValueError, "an index of %zd bytes (sizes of %zd) has no room for %zd records",
+                     self->index.len, self->sizes.len, count);
+        return -1;
+    }
+    self->offsets_start = offsets_start;
+    self->count = count;
+    self->dictionary_id = dictionary_id;
+    self->decompress = Py_NewRef(decompress);
+    self->owner = PyThread_get_thread_ident();
+    self->as_str = as_str;
+    self->holding = 1;
+    return 0;
+}
+
+static void frames_dealloc(FrameSlicer *self)
+{
+    frames_release(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* The decoded record, or None (a decline) when anything is not as a sound record's would be. */
+static PyObject *frames_get(FrameSlicer *self, PyObject *index)
+{
+    if (!self->holding || !PyLong_CheckExact(index) || PyThread_get_thread_ident() != self->owner)
+        Py_RETURN_NONE;
+    Py_ssize_t position = PyLong_AsSsize_t(index);
+    if (position == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    if (position < 0)
+        position += self->count;
+    if (position < 0 || position >= self->count)
+        Py_RETURN_NONE;
+    const uint8_t *at = (const uint8_t *)self->index.buf + self->offsets_start + 8 * position;
+    uint64_t start = load_le64(at), end = load_le64(at + 8);
+    uint32_t size = (uint32_t)load_le((const uint8_t *)self->sizes.buf + 4 * position, 4);
+    if (start > end || end > (uint64_t)self->data.len
+        || !frame_check_passes((const uint8_t *)self->data.buf + start, end - start, size, self->dictionary_id))
+        Py_RETURN_NONE;
+    PyObject *frame = PyBytes_FromStringAndSize((const char *)self->data.buf + start, (Py_ssize_t)(end - start));
+    if (frame == NULL)
+        return NULL;
+    PyObject *size_object = PyLong_FromUnsignedLong(size);
+    PyObject *payload = size_object ? PyObject_CallFunctionObjArgs(self->decompress, frame, size_object, NULL) : NULL;
+    Py_DECREF(frame);
+    Py_XDECREF(size_object);
+    if (payload == NULL || !PyBytes_CheckExact(payload) || PyBytes_GET_SIZE(payload) != (Py_ssize_t)size) {
+        if (payload == NULL && PyErr_ExceptionMatches(PyExc_MemoryError))
+            return NULL;
+        PyErr_Clear();
+        Py_XDECREF(payload);
+        Py_RETURN_NONE;
+    }
+    if (!self->as_str)
+        return payload;
+    PyObject *text = PyUnicode_DecodeUTF8(PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload), "strict");
+    Py_DECREF(payload);
+    if (text == NULL && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    return text;
+}
+
+static PyObject *frames_release_method(FrameSlicer *self, PyObject *unused)
+{
+    frames_release(self);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef frames_methods[] = {
+    {"get", (PyCFunction)frames_get, METH_O,
+     "Record `index` decoded, or None if it is out of range, its offsets or frame unsound, its decoding failed, "
+     "(str) its bytes are not UTF-8, or this is not the thread that made the slicer."},
+    {"release", (PyCFunction)frames_release_method, METH_NOARGS, "Let go of the maps; every read returns None after."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject FrameSlicerType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "varstore._speedups.FrameSlicer",
+    .tp_basicsize = sizeof(FrameSlicer),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "FrameSlicer(index, offsets_start, count, sizes, data, as_str, dictionary_id, decompress): single reads "
+              "of a compressed (2.x) shard's bytes or str records.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)frames_init,
+    .tp_dealloc = (destructor)frames_dealloc,
+    .tp_methods = frames_methods,
+};
+
 /* ---- the module ------------------------------------------------------------------------ */
 
 static PyObject *software_crc32c(PyObject *module, PyObject *argument)
@@ -1445,12 +1597,13 @@ PyMODINIT_FUNC PyInit__speedups(void)
                                  && multiply_hardware(0xFFFFFFFFu, 0x80000001u) == multiply_software(0xFFFFFFFFu, 0x80000001u);
     }
 #endif
-    if (PyType_Ready(&RecordSlicerType) < 0)
+    if (PyType_Ready(&RecordSlicerType) < 0 || PyType_Ready(&FrameSlicerType) < 0)
         return NULL;
     PyObject *module = PyModule_Create(&speedups_module);
     if (module == NULL)
         return NULL;
     if (PyModule_AddObjectRef(module, "RecordSlicer", (PyObject *)&RecordSlicerType) < 0
+        || PyModule_AddObjectRef(module, "FrameSlicer", (PyObject *)&FrameSlicerType) < 0
         || PyModule_AddIntConstant(module, "HARDWARE_CRC32C", crc_update != crc_software) < 0) {
         Py_DECREF(module);
         return NULL;

@@ -253,6 +253,11 @@ class Decompressor:
             context = self._local.context = self._module.ZstdDecompressor(max_window_size=MAX_WINDOW_SIZE, **options)
             return context
 
+    def thread_decompress(self) -> Any:
+        """This thread's zstd context's ``decompress(frame, max_output_size)``, unchecked: for a caller that
+        checked the frame itself (the C extension's `FrameSlicer`) and keeps to this thread."""
+        return self._context().decompress
+
     def decompress(self, data: Any, start: int, end: int, size: int) -> bytes:
         """The frame data[start:end], checked before `size` bytes are allocated for it: by the C extension's
         `frame_passes` (which passes only what `check_frame` accepts), else by `check_frame`, which words the error.

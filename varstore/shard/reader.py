@@ -204,11 +204,18 @@ def pack_flat(index: ShardIndex, indices: np.ndarray, starts: np.ndarray, ends: 
 
 def record_slicer(index: ShardIndex, data_map: Any) -> Any:
     """The C extension's reads of `index`'s ``bytes`` and ``str`` records from `data_map` (the whole data file),
-    which decline (None) whenever a record needs the Python path's checks or error; None without the extension,
-    for other codecs and for a compressed shard."""
-    if speedups is None or index.decompressor is not None or index.codec.name not in ("bytes", "str"):
+    which decline (None) whenever a record needs the Python path's checks or error; None without the extension
+    and for other codecs. A compressed (2.x) shard's are `FrameSlicer`'s, which decodes in this thread only."""
+    if speedups is None or index.codec.name not in ("bytes", "str"):
         return None
-    return speedups.RecordSlicer(index.map, index.header.offsets_start, index.count, data_map, index.codec.name == "str")
+    as_str = index.codec.name == "str"
+    if index.decompressor is None:
+        return speedups.RecordSlicer(index.map, index.header.offsets_start, index.count, data_map, as_str)
+    if index.header.major_version != 2:
+        return None
+    decompressor = index.decompressor
+    return speedups.FrameSlicer(index.map, index.header.offsets_start, index.count, index.sizes, data_map, as_str,
+                                decompressor.dictionary_id, decompressor.thread_decompress())
 
 
 class Reader(ShardReaderBase):
@@ -279,7 +286,7 @@ class Reader(ShardReaderBase):
         self._payload_decode = None if self._codec.name == "bytes" else self._codec.decode
         self._slicer = self._record_slicer()
         self._fast_get = self._slicer and self._slicer.get
-        self._fast_batch = self._slicer and self._slicer.get_batch
+        self._fast_batch = getattr(self._slicer, "get_batch", None)  # a compressed shard's batches are decoded in one call
 
     def _record_slicer(self) -> Any:
         """`record_slicer` of this shard's map; None with verify_reads, whose checks are the Python path's."""
