@@ -7,7 +7,7 @@ it enforces, and the reader is staged as the spec is, so a test can tell
 
 - `open_shard(prefix)`: the checks of §1.3 at open, in their order;
 - `Shard.record(i)`: the checks of every read of record i (§1.3, §2);
-- `Shard.verify()`: full verification (§1.3);
+- `Shard.verify()`: full verification (§1.3, §1.7), which reports every damaged record (`VerificationFailed`);
 - `open_dataset(directory)`, `Dataset.record(g)`, `Dataset.verify()`: the same for a dataset (§3, §3.1), which checks
   at open only what §3.1 says a reader must check then (every shard's file sizes, §1.3 steps 1-6 of its header and
   the header's agreement with its entry, and all of them for a shard of 0 records), and the rest of a shard's
@@ -15,8 +15,9 @@ it enforces, and the reader is staged as the spec is, so a test can tell
 
 `read_shard` and `read_dataset` do all three and return everything, decoded.
 Clarity over speed: it reads whole files and decodes MessagePack in Python. Compressed shards (format 2.0,
-§1.6) are read with its own parse of zstd frame headers and blocks; only decoding a frame's blocks is left to a
-zstd library (python-zstandard: RFC 8878 defines what it decodes).
+§1.6) and shards of compressed blocks (format 3.0, §1.7: a record's block found by the spec's bisect, then
+checked) are read with its own parse of zstd frame headers and blocks; only decoding a frame's blocks is left to
+a zstd library (python-zstandard: RFC 8878 defines what it decodes).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import os
 import re
 import stat
 import struct
+from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +38,8 @@ import numpy as np
 MAGIC = b"\x89VSI\r\n\x1a\n"
 ALLOWED_DTYPES = {"|b1", "|i1", "|u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8", "<f2", "<f4", "<f8", "<c8", "<c16"}
 CODEC_NAMES = {0: "bytes", 1: "str", 2: "ndarray", 3: "msgpack"}
-COMPRESSION_NAMES = {1: "zstd", 2: "zstd-dict"}
+COMPRESSION_NAMES = {1: "zstd", 2: "zstd-dict", 3: "zstd-blocks", 4: "zstd-dict-blocks"}
+COMPRESSIONS_OF_MAJOR = {2: {1: False, 2: True}, 3: {3: False, 4: True}}  # compression -> has a dictionary (§1.3 step 4)
 FRAME_MAGIC = b"\x28\xb5\x2f\xfd"
 DICTIONARY_MAGIC = b"\x37\xa4\x30\xec"
 MAX_METADATA_SIZE = 16 << 20
@@ -54,6 +57,16 @@ class SpecError(Exception):
     def __init__(self, rule: str, message: str) -> None:
         super().__init__(f"{rule}: {message}")
         self.rule = rule
+
+
+class VerificationFailed(SpecError):
+    """A full verification's findings, in the order found: `rule` is the first's; `damaged` maps every damaged
+    record to the rule it breaks (§1.3: a verification reports every damaged record, not only the first)."""
+
+    def __init__(self, findings: list[tuple[str, str]], damaged: dict[int, str]) -> None:
+        super().__init__(findings[0][0], "; ".join(message for _, message in findings))
+        self.findings = findings
+        self.damaged = damaged
 
 
 def require(condition: Any, rule: str, message: str) -> None:
@@ -379,6 +392,22 @@ def _array_extension(data: bytes) -> np.ndarray:
 # -- a shard (§1) ------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class BlockTable:
+    """A 3.x shard's block table (§1.7): B + 1 stored frame offsets, B + 1 first records, B frame checksums."""
+
+    offsets: tuple[int, ...]
+    records: tuple[int, ...]
+    checksums: tuple[int, ...]
+
+    def __len__(self) -> int:
+        return len(self.checksums)
+
+    def counts(self) -> list[int]:
+        """Each block's record count, as the block vectors' descriptions give them."""
+        return [last - first for first, last in zip(self.records, self.records[1:])]
+
+
 @dataclass
 class Shard:
     index: bytes
@@ -386,10 +415,12 @@ class Shard:
     header: dict
     codec: Codec
     metadata: dict
-    offsets: tuple[int, ...]
+    offsets: tuple[int, ...]  # in 3.x, of the records in decoded space (§1.7)
     checksums: tuple[int, ...] | None
     sizes: tuple[int, ...] | None = None  # a compressed shard's decoded sizes (§1.6)
     dictionary: bytes = b""
+    blocks: BlockTable | None = None  # a shard of compressed blocks (§1.7)
+    decoded_block: tuple[int, bytes | SpecError] | None = None  # §1.7: a reader may keep one decoded block
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -400,24 +431,82 @@ class Shard:
         return self.header["major_version"] != 1 or "data_crc32c" not in self.metadata
 
     def record(self, i: int) -> Any:
-        """Record i, with the checks of every read (§1.3): its offsets are in order and inside the data; it decodes."""
+        """Record i, with the checks of every read (§1.3, §1.7): its offsets are in order and inside the data (in 3.x,
+        inside the block the bisect finds, whose frame is checked and decoded); it decodes under its codec."""
         require(0 <= i < len(self), "§1.3 read", f"record {i} does not exist")
+        if self.blocks is not None:
+            return decode_record(self.codec, self._record_in_block(i))
         start, end = self.offsets[i], self.offsets[i + 1]
         require(start <= end <= len(self.data), "§1.3 read", f"record {i} has offsets [{start}, {end})")
         if self.sizes is None:
             return decode_record(self.codec, self.data[start:end])
-        return decode_record(self.codec, decompress_frame(self.data[start:end], self.sizes[i], self.dictionary))
+        return decode_record(self.codec, decompress_frame(self.data[start:end], self.sizes[i], self.dictionary, "§1.6"))
+
+    def _record_in_block(self, i: int) -> bytes:
+        """Record i's payload from its block (§1.7's read): the block the spec's bisect finds, checked to bracket i,
+        its stored range and the records' decoded offsets in order and in bounds, then its frame decoded."""
+        table, offsets = self.blocks, self.offsets
+        b = bisect_right(table.records, i) - 1  # the spec's search: Python's bisect over all B + 1 entries
+        require(0 <= b < len(table) and table.records[b] <= i < table.records[b + 1], "§1.7", f"record {i}: block {b} does not bracket it")
+        first, last = table.records[b], table.records[b + 1]
+        require(last <= len(self), "§1.7", f"record {i}: block {b} ends at record {last}, past the {len(self)} records")
+        start, end = table.offsets[b], table.offsets[b + 1]
+        require(start <= end <= len(self.data), "§1.7", f"record {i}: block {b} is stored at [{start}, {end})")
+        require(offsets[first] <= offsets[i] <= offsets[i + 1] <= offsets[last], "§1.7",
+                f"record {i}: decoded offsets {offsets[i]}, {offsets[i + 1]} outside block {b}'s [{offsets[first]}, {offsets[last]}]")
+        size = offsets[last] - offsets[first]
+        require(size < 1 << 32, "§1.7", f"record {i}: block {b} decodes to {size} bytes, 2^32 or more")
+        decoded = self._decode_block(b, size)
+        if isinstance(decoded, SpecError):
+            raise SpecError(decoded.rule, f"record {i}: {decoded}")
+        return decoded[offsets[i] - offsets[first] : offsets[i + 1] - offsets[first]]
+
+    def _decode_block(self, b: int, size: int) -> bytes | SpecError:
+        """Block b's decoded bytes after its checksum and frame checks, or why it is damaged; the last block is kept
+        (the table, so its block sizes, never change)."""
+        if self.decoded_block is None or self.decoded_block[0] != b:
+            frame = self.data[self.blocks.offsets[b] : self.blocks.offsets[b + 1]]
+            try:
+                require(crc32c(frame) == self.blocks.checksums[b], "§1.7", f"block {b} checksum")
+                self.decoded_block = b, decompress_frame(frame, size, self.dictionary, "§1.7")
+            except SpecError as error:
+                self.decoded_block = b, error
+        return self.decoded_block[1]
 
     def verify(self) -> None:
-        """Full verification (§1.3): every byte and every read rule for every record."""
-        require(crc32c(self.index[64:]) == self.header["body_crc32c"], "§1.3 verify", "body_crc32c")
-        require(all(a <= b for a, b in zip(self.offsets, self.offsets[1:])), "§1.3 read", "offsets decrease")
+        """Full verification (§1.3, §1.7): every byte and every read rule for every record; it raises
+        `VerificationFailed` with every finding and every damaged record."""
+        findings: list[tuple[str, str]] = []
+        damaged: dict[int, str] = {}
+
+        def check(condition: Any, rule: str, message: str, record: int | None = None) -> None:
+            if not condition:
+                findings.append((rule, message))
+                if record is not None:
+                    damaged.setdefault(record, rule)
+
+        check(crc32c(self.index[64:]) == self.header["body_crc32c"], "§1.3 verify", "body_crc32c")
+        if self.blocks is None:
+            check(_never_decreases(self.offsets), "§1.3 read", "offsets decrease")
+            for i in range(len(self) if self.checksums is not None else 0):
+                payload = self.data[self.offsets[i] : self.offsets[i + 1]]
+                check(crc32c(payload) == self.checksums[i], "§1.3 verify", f"record {i} checksum", i)
+        else:
+            check(_never_decreases(self.offsets), "§1.7", "offsets decrease")
+            check(_never_decreases(self.blocks.offsets), "§1.7", "block_offsets decrease")
+            check(all(a < b for a, b in zip(self.blocks.records, self.blocks.records[1:])), "§1.7", "block_records do not increase strictly")
+        check(not self.data_crc32c_recorded or crc32c(self.data) == self.header["data_crc32c"], "§1.3 verify", "data_crc32c")
         for i in range(len(self)):
-            payload = self.data[self.offsets[i] : self.offsets[i + 1]]
-            require(self.checksums is None or crc32c(payload) == self.checksums[i], "§1.3 verify", f"record {i} checksum")
-        require(not self.data_crc32c_recorded or crc32c(self.data) == self.header["data_crc32c"], "§1.3 verify", "data_crc32c")
-        for i in range(len(self)):
-            self.record(i)
+            try:
+                self.record(i)
+            except SpecError as error:
+                check(False, error.rule, str(error), i)
+        if findings:
+            raise VerificationFailed(findings, damaged)
+
+
+def _never_decreases(values: tuple[int, ...]) -> bool:
+    return all(a <= b for a, b in zip(values, values[1:]))
 
 
 HEADER = struct.Struct("<8sHHBBHQQQIII8sI")
@@ -452,33 +541,65 @@ def check_header(index: bytes) -> dict:
     require(len(index) >= 64 and index[:8] == MAGIC, "§1.3 step 1", "index shorter than 64 bytes or wrong magic")
     header = dict(zip(HEADER_FIELDS, HEADER.unpack_from(index)))
     major = header["major_version"]
-    require(major in (1, 2), "§1.3 step 2", f"major version {major}")
+    require(major in (1, 2, 3), "§1.3 step 2", f"major version {major}")
     require(header["header_crc32c"] == crc32c(index[:60]), "§1.3 step 3", "header_crc32c")
     header["dictionary_size"], header["dictionary_crc32c"] = struct.unpack("<II", header["reserved_tail"])
-    header["compression"] = header["reserved"] if major == 2 else 0
+    header["compression"] = header["reserved"] if major > 1 else 0
     if major == 1:
         require(header["reserved"] == 0 and header["reserved_tail"] == bytes(8), "§1.3 step 4", "reserved fields are not zero")
     require(header["flags"] & ~1 == 0, "§1.3 step 4", f"unknown flags {header['flags']:#x}")
-    if major == 2:
-        compression, size = header["compression"], header["dictionary_size"]
-        require(compression in (1, 2), "§1.3 step 4", f"compression {compression}")
-        require(compression == 2 or (size == 0 and header["dictionary_crc32c"] == 0), "§1.3 step 4", "dictionary fields without a dictionary")
-        require(compression == 1 or 8 <= size <= 1 << 20, "§1.3 step 4", f"dictionary_size {size}")
+    if major > 1:
+        _check_compression_fields(header)
     metadata_size, count, has_checksums = header["metadata_size"], header["record_count"], header["flags"] & 1
     require(metadata_size <= MAX_METADATA_SIZE and header["data_size"] < 1 << 63, "§1.3 step 5", "metadata_size or data_size too large")
-    offsets_start = _layout(header)["offsets_start"]
-    require(len(index) >= offsets_start + 8, "§1.3 step 6", f"index of {len(index)} bytes ends before offsets[0]")
-    per_record = 8 + (4 if has_checksums else 0) + (4 if header["compression"] else 0)
-    require(count <= (len(index) - offsets_start - 8) // per_record, "§1.3 step 6", f"{count} records cannot fit")
+    offsets_start = _section_starts(header)[1]
+    if major == 3:
+        header["block_count"] = _block_count(index, header, offsets_start)
+    else:
+        require(len(index) >= offsets_start + 8, "§1.3 step 6", f"index of {len(index)} bytes ends before offsets[0]")
+        per_record = 8 + (4 if has_checksums else 0) + (4 if header["compression"] else 0)
+        require(count <= (len(index) - offsets_start - 8) // per_record, "§1.3 step 6", f"{count} records cannot fit")
     require(len(index) == _layout(header)["end"], "§1.3 step 6", "index size")
     return header
 
 
-def _layout(header: dict) -> dict:
-    """Where each section of the index starts (§1.1, §1.6), and where the file ends."""
-    count, has_checksums = header["record_count"], header["flags"] & 1
+def _check_compression_fields(header: dict) -> None:
+    """§1.3 step 4 in 2.x and 3.x (§1.6, §1.7): the compression byte of the major version, the dictionary fields
+    zero without a dictionary and 8 to 1 MiB with one; in 3.x no flag at all (block checksums replace bit 0's)."""
+    major, compression, size = header["major_version"], header["compression"], header["dictionary_size"]
+    known = COMPRESSIONS_OF_MAJOR[major]
+    require(compression in known, "§1.3 step 4", f"compression {compression} in a {major}.x header")
+    if known[compression]:
+        require(8 <= size <= 1 << 20, "§1.3 step 4", f"dictionary_size {size}")
+    else:
+        require(size == 0 and header["dictionary_crc32c"] == 0, "§1.3 step 4", "dictionary fields without a dictionary")
+    require(major != 3 or header["flags"] == 0, "§1.3 step 4", f"flags {header['flags']:#x} in a 3.x header")
+
+
+def _block_count(index: bytes, header: dict, offsets_start: int) -> int:
+    """§1.7's step 6 up to B: room for the offsets and an empty block table, then B read and bounded by N before
+    anything is computed from it."""
+    count, smallest = header["record_count"], offsets_start + 8 + 8 + 16
+    require(len(index) >= smallest, "§1.3 step 6", f"index of {len(index)} bytes ends before an empty block table")
+    require(count <= (len(index) - smallest) // 8, "§1.3 step 6", f"{count} records cannot fit")
+    (block_count,) = struct.unpack_from("<Q", index, offsets_start + 8 * (count + 1))
+    require(block_count <= count, "§1.3 step 6", f"{block_count} blocks for {count} records")
+    return block_count
+
+
+def _section_starts(header: dict) -> tuple[int, int]:
+    """`dictionary_start` and `offsets_start` (§1.1, §1.6): after the metadata and the dictionary, each padded to 8."""
     dictionary_start = (64 + header["metadata_size"] + 7) // 8 * 8
-    offsets_start = (dictionary_start + header["dictionary_size"] + 7) // 8 * 8
+    return dictionary_start, (dictionary_start + header["dictionary_size"] + 7) // 8 * 8
+
+
+def _layout(header: dict) -> dict:
+    """Where each section of the index starts (§1.1, §1.6, §1.7), and where the file ends; in 3.x once step 6 has
+    read B (`header["block_count"]`)."""
+    count, has_checksums = header["record_count"], header["flags"] & 1
+    dictionary_start, offsets_start = _section_starts(header)
+    if header["major_version"] == 3:
+        return _block_layout(dictionary_start, offsets_start, count, header["block_count"])
     checksums_start = offsets_start + 8 * (count + 1)
     sizes_start = checksums_start + (4 * count if has_checksums else 0)
     end = sizes_start + (4 * count if header["compression"] else 0)
@@ -486,11 +607,20 @@ def _layout(header: dict) -> dict:
             "sizes_start": sizes_start, "end": end}
 
 
+def _block_layout(dictionary_start: int, offsets_start: int, count: int, block_count: int) -> dict:
+    """§1.7's sections after the offsets: B, block_offsets, block_records, block_checksums."""
+    blocks_start = offsets_start + 8 * (count + 1)
+    block_checksums_start = blocks_start + 8 + 16 * (block_count + 1)
+    return {"dictionary_start": dictionary_start, "offsets_start": offsets_start, "block_offsets_start": blocks_start + 8,
+            "block_records_start": blocks_start + 8 + 8 * (block_count + 1), "block_checksums_start": block_checksums_start,
+            "end": block_checksums_start + 4 * block_count}
+
+
 def _open_checked(index: bytes, data: bytes, header: dict) -> Shard:
     """§1.3 steps 7 to 10, for a header that passed steps 1 to 6: the shard, ready to read."""
     metadata_size, count, has_checksums = header["metadata_size"], header["record_count"], header["flags"] & 1
     layout = _layout(header)
-    offsets_start, checksums_start = layout["offsets_start"], layout["checksums_start"]
+    offsets_start = layout["offsets_start"]
     dictionary_start, dictionary_end = layout["dictionary_start"], layout["dictionary_start"] + header["dictionary_size"]
     padding = index[64 + metadata_size : dictionary_start] + index[dictionary_end:offsets_start]
     require(not any(padding), "§1.3 step 7", "padding after the metadata is not zero")
@@ -504,27 +634,54 @@ def _open_checked(index: bytes, data: bytes, header: dict) -> Shard:
         require(header["data_crc32c"] == 0, "§1.3 step 7", 'data_crc32c not 0 beside "data_crc32c": "not recorded"')
     dictionary = index[dictionary_start:dictionary_end]
     if header["compression"]:
-        member, name = metadata.get("compression"), COMPRESSION_NAMES[header["compression"]]
-        require(isinstance(member, dict) and member.get("name") == name, "§1.6", f'"compression" {member!r}, header says {name}')
-        require(crc32c(dictionary) == header["dictionary_crc32c"], "§1.6", "dictionary_crc32c")
-        if header["compression"] == 2:
-            require(dictionary[:4] == DICTIONARY_MAGIC, "§1.6", "dictionary magic")
-            require(int.from_bytes(dictionary[4:8], "little") != 0, "§1.6", "Dictionary_ID 0")
+        _check_compression_member(header, metadata, dictionary)
     require(len(data) == header["data_size"], "§1.3 step 8", f"data file is {len(data)} bytes, header says {header['data_size']}")
     require(codec.dtype is None or header["compression"] or len(data) % codec.row_size == 0, "§1.3 step 8", "data size is not whole rows")
     offsets = struct.unpack_from(f"<{count + 1}Q", index, offsets_start)
-    require(offsets[0] == 0 and offsets[-1] == len(data), "§1.3 step 9", f"offsets run from {offsets[0]} to {offsets[-1]}")
+    blocks = _block_table(index, layout, header) if header["major_version"] == 3 else None
+    if blocks is None:
+        require(offsets[0] == 0 and offsets[-1] == len(data), "§1.3 step 9", f"offsets run from {offsets[0]} to {offsets[-1]}")
+    else:
+        require(offsets[0] == 0, "§1.3 step 9", f"offsets[0] is {offsets[0]}")  # §6.3's label: §1.7's are the block table's
+        _check_block_table_ends(blocks, count, len(data))
     edge = min(4096, len(data))
     require(crc32c(data[:edge] + data[len(data) - edge :]) == header["data_edge_crc32c"], "§1.3 step 10", "data_edge_crc32c")
-    checksums = struct.unpack_from(f"<{count}I", index, checksums_start) if has_checksums else None
-    sizes = struct.unpack_from(f"<{count}I", index, layout["sizes_start"]) if header["compression"] else None
-    return Shard(index, data, header, codec, metadata, offsets, checksums, sizes, dictionary)
+    checksums = struct.unpack_from(f"<{count}I", index, layout["checksums_start"]) if has_checksums else None
+    sizes = struct.unpack_from(f"<{count}I", index, layout["sizes_start"]) if header["major_version"] == 2 else None
+    return Shard(index, data, header, codec, metadata, offsets, checksums, sizes, dictionary, blocks)
 
 
-def frame_facts(frame: bytes) -> dict:
+def _check_compression_member(header: dict, metadata: dict, dictionary: bytes) -> None:
+    """§1.3 step 7 in 2.x and 3.x (§1.6, §1.7): the "compression" member names the header's compression; the
+    dictionary has its CRC32C, and with a dictionary its magic and a Dictionary_ID other than 0."""
+    rule = "§1.6" if header["major_version"] == 2 else "§1.7"
+    member, name = metadata.get("compression"), COMPRESSION_NAMES[header["compression"]]
+    require(isinstance(member, dict) and member.get("name") == name, rule, f'"compression" {member!r}, header says {name}')
+    require(crc32c(dictionary) == header["dictionary_crc32c"], rule, "dictionary_crc32c")
+    if COMPRESSIONS_OF_MAJOR[header["major_version"]][header["compression"]]:
+        require(dictionary[:4] == DICTIONARY_MAGIC, rule, "dictionary magic")
+        require(int.from_bytes(dictionary[4:8], "little") != 0, rule, "Dictionary_ID 0")
+
+
+def _block_table(index: bytes, layout: dict, header: dict) -> BlockTable:
+    """A 3.x shard's block table, read from where §1.7's layout puts it."""
+    entries = header["block_count"] + 1
+    return BlockTable(
+        struct.unpack_from(f"<{entries}Q", index, layout["block_offsets_start"]),
+        struct.unpack_from(f"<{entries}Q", index, layout["block_records_start"]),
+        struct.unpack_from(f"<{entries - 1}I", index, layout["block_checksums_start"]),
+    )
+
+
+def _check_block_table_ends(blocks: BlockTable, count: int, data_size: int) -> None:
+    """§1.7's step 9: the block table starts at 0 and ends at the data file's size and at N."""
+    require(blocks.offsets[0] == 0 and blocks.offsets[-1] == data_size, "§1.7", f"block_offsets run from {blocks.offsets[0]} to {blocks.offsets[-1]}, data_size {data_size}")
+    require(blocks.records[0] == 0 and blocks.records[-1] == count, "§1.7", f"block_records run from {blocks.records[0]} to {blocks.records[-1]}, N {count}")
+
+
+def frame_facts(frame: bytes, rule: str) -> dict:
     """The header of the zstd frame `frame` (RFC 8878 §3.1.1.1), and where the frame ends (after its blocks
-    and optional checksum, §3.1.1.2), or a §1.6 refusal."""
-    rule = "§1.6"
+    and optional checksum, §3.1.1.2), or a refusal under `rule` (§1.6 for a record's frame, §1.7 for a block's)."""
     require(len(frame) >= 6 and frame[:4] == FRAME_MAGIC, rule, "no zstd frame magic")
     descriptor = frame[4]
     require(not descriptor & 0x08, rule, "reserved bit of the frame header descriptor")
@@ -558,23 +715,24 @@ def frame_facts(frame: bytes) -> dict:
     return {"content_size": content, "dictionary_id": dictionary_id, "window_size": window, "end": position}
 
 
-def decompress_frame(frame: bytes, size: int, dictionary: bytes) -> bytes:
-    """A compressed record's payload: its frame checked against §1.6 (content size declared and equal to `size`, the
-    shard's dictionary or none, window, nothing after the frame), then decoded to exactly `size` bytes."""
+def decompress_frame(frame: bytes, size: int, dictionary: bytes, rule: str) -> bytes:
+    """A compressed record's payload (§1.6) or block's decoded bytes (§1.7): its frame checked (content size declared
+    and equal to `size`, the shard's dictionary or none, window, nothing after the frame), then decoded to exactly
+    `size` bytes; a refusal names `rule`."""
     import zstandard  # RFC 8878 defines the decoding; only the blocks' decoding is the library's
 
-    facts = frame_facts(frame)
-    require(facts["content_size"] == size, "§1.6", f"Frame_Content_Size {facts['content_size']}, sizes[i] {size}")
+    facts = frame_facts(frame, rule)
+    require(facts["content_size"] == size, rule, f"Frame_Content_Size {facts['content_size']}, expected {size}")
     expected_id = int.from_bytes(dictionary[4:8], "little") if dictionary else 0
-    require(facts["dictionary_id"] == expected_id, "§1.6", f"Dictionary_ID {facts['dictionary_id']}, expected {expected_id}")
-    require(facts["window_size"] is None or facts["window_size"] <= 1 << 23, "§1.6", "window over 8 MiB")
-    require(facts["end"] == len(frame), "§1.6", f"{len(frame) - facts['end']} bytes after the frame")
+    require(facts["dictionary_id"] == expected_id, rule, f"Dictionary_ID {facts['dictionary_id']}, expected {expected_id}")
+    require(facts["window_size"] is None or facts["window_size"] <= 1 << 23, rule, "window over 8 MiB")
+    require(facts["end"] == len(frame), rule, f"{len(frame) - facts['end']} bytes after the frame")
     options = {"dict_data": zstandard.ZstdCompressionDict(dictionary, dict_type=zstandard.DICT_TYPE_FULLDICT)} if dictionary else {}
     try:
         payload = zstandard.ZstdDecompressor(**options).decompress(frame, max_output_size=size)
     except zstandard.ZstdError as error:
-        raise SpecError("§1.6", f"the frame does not decode: {error}") from None
-    require(len(payload) == size, "§1.6", f"decoded {len(payload)} bytes, sizes[i] {size}")
+        raise SpecError(rule, f"the frame does not decode: {error}") from None
+    require(len(payload) == size, rule, f"decoded {len(payload)} bytes, expected {size}")
     return payload
 
 
@@ -594,6 +752,7 @@ def read_shard(prefix: str) -> dict:
         "data_size": header["data_size"],
         "data_crc32c": header["data_crc32c"],
         "data_crc32c_recorded": shard.data_crc32c_recorded,
+        "blocks": shard.blocks.counts() if shard.blocks is not None else None,
         "records": [shard.record(i) for i in range(header["record_count"])],
     }
 

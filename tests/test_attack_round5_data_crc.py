@@ -1,4 +1,4 @@
-"""Round 5 attacks on format 1.3's "data CRC32C not recorded" (spec/FORMAT.md §1.2, §1.3 step 7, §7.1): forged
+"""Round 5 attacks on format 1.3's "data CRC32C not recorded" (spec/FORMAT.md §1.2, §1.3 step 7, §7.2): forged
 members, a merge into object storage, a shard put into object storage by other means, and spec_reader against
 varstore on changed metadata bytes of the new vector."""
 

@@ -119,7 +119,7 @@ def test_convert_refuses_a_compression_it_does_not_know(capsys, tmp_path):
     source = write_jsonl(tmp_path / "docs.jsonl", TEXTS)
     code, _, err = run(capsys, "convert", source, tmp_path / "out", "--field", "text", "--compression", "lz4")
     assert code == 2 and "invalid choice: 'lz4'" in err
-    with pytest.raises(VarstoreError, match="compression must be None, 'zstd', 'zstd-dict' or 'auto', not 'gzip'"):
+    with pytest.raises(VarstoreError, match="compression must be None, 'zstd', 'zstd-dict', 'zstd-blocks', 'zstd-dict-blocks' or 'auto', not 'gzip'"):
         convert(source, tmp_path / "out", field="text", compression="gzip")
     assert not (tmp_path / "out").exists()
 

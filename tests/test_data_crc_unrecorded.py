@@ -143,7 +143,7 @@ def test_varstore_refuses_an_unrecorded_member_it_cannot_trust_at_open(tmp_path,
 
 
 def test_an_older_reader_reads_the_records_and_fails_verification_loudly():
-    """§7.1: a 1.1 reader ignores the member; its verification finds the data's CRC32C is not the header's 0."""
+    """§7.2: a 1.1 reader ignores the member; its verification finds the data's CRC32C is not the header's 0."""
     old = spec_reader_1_1.open_shard(str(VECTOR))
     new = spec_reader.open_shard(str(VECTOR))
     assert [old.record(i).tolist() for i in range(len(old))] == [new.record(i).tolist() for i in range(len(new))]

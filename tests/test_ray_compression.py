@@ -88,7 +88,7 @@ def test_auto_keeps_incompressible_records_raw_in_every_shard(ray_node: Any, tmp
 
 
 @pytest.mark.parametrize(("options", "message"), [
-    ({"compression": "brotli"}, "compression must be None, 'zstd', 'zstd-dict' or 'auto', not 'brotli'"),
+    ({"compression": "brotli"}, "compression must be None, 'zstd', 'zstd-dict', 'zstd-blocks', 'zstd-dict-blocks' or 'auto', not 'brotli'"),
     ({"compression": "zstd", "compression_level": 0}, "compression_level must be an integer from 1 to 19, not 0"),
 ])
 def test_a_compression_the_writers_cannot_write_is_refused_on_the_driver(tmp_path: Path, options: dict, message: str) -> None:

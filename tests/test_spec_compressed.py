@@ -1,5 +1,6 @@
-"""Compressed shards (spec/FORMAT.md §1.6, format 2.0): the vectors and damaged cases of spec/vectors/compressed/,
-the 1.1 reader's refusal of them, and varstore's writers and readers for every codec and compression."""
+"""Compressed shards (spec/FORMAT.md §1.6, format 2.0; §1.7, format 3.0's blocks): the vectors and damaged cases of
+spec/vectors/compressed/, the 1.1 reader's refusal of them, and varstore's writers and readers for every codec and
+compression."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from .test_spec_damaged import _spec_refusal, _varstore_refusal
 COMPRESSED = Path(__file__).resolve().parent.parent / "spec" / "vectors" / "compressed"
 VECTORS = sorted(path.stem for path in COMPRESSED.glob("*.json"))
 DAMAGED = sorted(path.stem for path in (COMPRESSED / "damaged").glob("*.json"))
-COMPRESSIONS = ("zstd", "zstd-dict", "auto", None)
+COMPRESSIONS = ("zstd", "zstd-dict", "zstd-blocks", "zstd-dict-blocks", "auto", None)
+COMPRESSION_IDS = {"zstd": 1, "zstd-dict": 2, "zstd-blocks": 3, "zstd-dict-blocks": 4}  # §1.2's byte 13
 
 
 def _description(name: str) -> dict:
@@ -33,10 +35,35 @@ def _text(value) -> str:
 
 
 def test_vectors_cover_each_compression_and_the_cases_of_the_issue():
-    assert {_description(name)["compression"] for name in VECTORS} == {"zstd", "zstd-dict"}
+    assert {_description(name)["compression"] for name in VECTORS} == set(COMPRESSION_IDS)
     assert "zstd-record-larger-than-window" in VECTORS and "zstd-bytes-empty-records" in VECTORS
     assert {"dictionary-crc32c-wrong", "frame-decodes-to-more-than-declared", "frame-zstd-bomb", "frame-of-another-dictionary"} <= set(DAMAGED)
+    assert {"block-checksum-wrong", "block-count-greater-than-records", "block-records-not-ending-at-n",
+            "block-offsets-not-ending-at-data-size", "blocks-flag-bit-0-set", "block-records-out-of-order",
+            "block-frame-content-size-differs", "blocks-compression-1", "compression-3"} <= set(DAMAGED)
 
+
+def test_the_block_vectors_hold_the_blocks_section_6_lists():
+    """§6: empty records, a block of empty records only and a record over the 16 KiB target alone in its block."""
+    empty = _description("zstd-blocks-bytes-empty-records")
+    records = [bytes.fromhex(record["$bytes"]) if isinstance(record, dict) else record.encode() for record in empty["records"]]
+    bounds = np.cumsum([0, *empty["blocks"]]).tolist()
+    blocks = [records[first:last] for first, last in zip(bounds, bounds[1:])]
+    assert any(all(record == b"" for record in block) for block in blocks)
+    assert any(len(block) == 1 and len(block[0]) > 16384 for block in blocks)
+    assert len(_description("zstd-blocks-msgpack-rows")["blocks"]) > 5
+
+
+@pytest.mark.parametrize("name", [name for name in VECTORS if "blocks" in name])
+def test_a_block_vector_describes_the_blocks_its_index_holds(name):
+    """§1.7's layout: B after the offsets, then block_offsets, then block_records, whose steps are "blocks"."""
+    index = (COMPRESSED / f"{name}.index").read_bytes()
+    count, metadata_size, dictionary_size = (int.from_bytes(index[at : at + width], "little") for at, width in ((16, 8), (32, 8), (52, 4)))
+    offsets_start = -(-(-(-(64 + metadata_size) // 8) * 8 + dictionary_size) // 8) * 8
+    blocks_start = offsets_start + 8 * (count + 1)
+    block_count = int.from_bytes(index[blocks_start : blocks_start + 8], "little")
+    records = np.frombuffer(index, "<u8", block_count + 1, blocks_start + 8 + 8 * (block_count + 1))
+    assert np.diff(records).tolist() == _description(name)["blocks"]
 
 @pytest.mark.parametrize("name", VECTORS)
 def test_a_vector_described_as_zstd_dict_holds_a_dictionary(name):
@@ -44,14 +71,15 @@ def test_a_vector_described_as_zstd_dict_holds_a_dictionary(name):
     header byte 13 is the compression, bytes 52-55 the dictionary's size)."""
     index = (COMPRESSED / f"{name}.index").read_bytes()
     compression, dictionary_size = index[13], int.from_bytes(index[52:56], "little")
-    assert (compression, dictionary_size > 0) == ((2, True) if _description(name)["compression"] == "zstd-dict" else (1, False))
+    described = _description(name)["compression"]
+    assert (compression, dictionary_size > 0) == (COMPRESSION_IDS[described], described.startswith("zstd-dict"))
 
 
 @pytest.mark.parametrize("name", VECTORS)
 def test_spec_only_reader_reads_compressed_vector_back_to_its_description(name):
     expected = _description(name)
     shard = spec_reader.read_shard(str(COMPRESSED / name))
-    assert shard["format_version"] == [2, 0] and shard["compression"] == expected["compression"]
+    assert shard["format_version"] == ([3, 0] if "blocks" in expected else [2, 0]) and shard["compression"] == expected["compression"]
     assert [_text(spec_reader.notation(record)) for record in shard["records"]] == [_text(record) for record in expected["records"]]
 
 
@@ -141,7 +169,7 @@ def test_every_codec_round_trips_under_every_compression_through_both_readers(co
             flat_sizes = [batch.values.nbytes for batch in reader.iter_flat(7)]
             assert sum(flat_sizes) == int(reader.record_sizes().sum())
             if compression is not None and reader.header.compression:
-                assert reader.header.version == (2, 0)
+                assert reader.header.version == ((3, 0) if reader.header.compression >= 3 else (2, 0))
             else:
                 assert reader.header.version[0] == 1
 
@@ -167,14 +195,28 @@ def test_auto_keeps_incompressible_records_raw_and_records_why(tmp_path):
     assert metadata["name"] == "none" and metadata["auto"]["sample_ratios"]["zstd"] > 0.9
 
 
-def test_auto_compresses_text_with_a_dictionary_when_records_are_small(tmp_path):
+def test_auto_stores_small_text_records_in_blocks(tmp_path):
+    """§1.7: records averaging under 2 KiB are measured in blocks too, which store these at most 0.9x frames each."""
     rows = [json.dumps({"id": i, "name": f"package-{i % 97}", "summary": "a library for reading and writing records"}) for i in range(3000)]
     with varstore.Writer(tmp_path / "s", "str", compression="auto") as writer:
         writer.extend(rows)
     with varstore.open(tmp_path / "s") as reader:
-        assert reader.header.compression == 2
+        assert reader.header.compression in (3, 4) and reader.header.version == (3, 0)
         assert list(reader) == rows
+    ratios = spec_reader.open_shard(str(tmp_path / "s")).metadata["compression"]["auto"]["sample_ratios"]
+    assert min(ratios["zstd-blocks"], ratios.get("zstd-dict-blocks", 1)) <= 0.9 * min(ratios["zstd"], ratios["zstd-dict"])
     assert (tmp_path / "s.data").stat().st_size < sum(map(len, rows)) / 3
+
+
+def test_auto_keeps_a_frame_per_record_for_records_of_2_kib_or_more(tmp_path):
+    """A random read of a block decodes all of it: records averaging 2 KiB or more are not measured in blocks."""
+    rows = [" ".join(["words of a long document"] * 100) + f" number {i}" for i in range(300)]
+    with varstore.Writer(tmp_path / "s", "str", compression="auto") as writer:
+        writer.extend(rows)
+    with varstore.open(tmp_path / "s") as reader:
+        assert reader.header.compression in (1, 2)
+        assert list(reader) == rows
+    assert "zstd-blocks" not in spec_reader.open_shard(str(tmp_path / "s")).metadata["compression"]["auto"]["sample_ratios"]
 
 
 def test_as_array_of_a_compressed_shard_is_refused_not_a_view_of_frames(tmp_path):

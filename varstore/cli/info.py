@@ -84,6 +84,8 @@ def _checksums_text(facts: Description) -> str:
         return f"CRC32C per record in {with_checksums} of {shards}; CRC32C {whole}"
     if facts.record_checksums:
         return f"CRC32C per record and {whole}{_intact_shards_note(facts)}"
+    if facts.block_count and facts.format_version == (3, 0):  # every 3.x shard: §1.7's block checksums
+        return f"CRC32C per block and {whole}{_intact_shards_note(facts)}"
     return f"no per-record checksums; CRC32C {whole} only{_intact_shards_note(facts)}"
 
 
@@ -117,7 +119,15 @@ def _compression_text(facts: Description) -> str:
         text += f" ({dictionaries} {format_size(facts.dictionary_size)})"
     if facts.raw_size is not None and facts.compression != "none":
         text += f"; data {_ratio_text(facts.ratio)} of the {format_size(facts.raw_size)} the records decode to"
-    return text
+    return text + _blocks_text(facts)
+
+
+def _blocks_text(facts: Description) -> str:
+    """``; in 1,204 blocks of 16.0 KiB on average`` for shards of compressed blocks (§1.7), else nothing."""
+    if not facts.block_count:
+        return ""
+    average = f" of {format_size(facts.raw_size / facts.block_count)} on average" if facts.raw_size is not None else ""
+    return f"; in {facts.block_count:,} {'block' if facts.block_count == 1 else 'blocks'}{average}"
 
 
 def _ratio_text(ratio: float | None) -> str:

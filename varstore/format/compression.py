@@ -1,4 +1,5 @@
-"""Compressed shards (format 2.0, spec/FORMAT.md §1.6): every record one zstd frame, a shard's dictionary, the bounds.
+"""Compressed shards (format 2.0, spec/FORMAT.md §1.6, every record one zstd frame; format 3.0, §1.7, blocks of
+consecutive records one frame each): the compression ids, a shard's dictionary, a frame's rules, the bounds.
 
 What is on disk and the rules a read checks, with no file I/O: the compression ids of the header, the
 dictionary section's checks, a zstd frame's header and extent (RFC 8878 §3.1.1, parsed here, not by the
@@ -19,12 +20,16 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .._native import speedups
+from .blocks import BLOCK_TARGET, blocks_of
 from ..errors import FormatError, VarstoreError
 
-NONE, ZSTD, ZSTD_DICT = 0, 1, 2
-NAMES = {NONE: "none", ZSTD: "zstd", ZSTD_DICT: "zstd-dict"}
+NONE, ZSTD, ZSTD_DICT, ZSTD_BLOCKS, ZSTD_DICT_BLOCKS = 0, 1, 2, 3, 4
+NAMES = {NONE: "none", ZSTD: "zstd", ZSTD_DICT: "zstd-dict", ZSTD_BLOCKS: "zstd-blocks", ZSTD_DICT_BLOCKS: "zstd-dict-blocks"}
 IDS = {name: number for number, name in NAMES.items()}
-CHOICES = ("zstd", "zstd-dict", "auto")  # what a writer's `compression` may be, besides None
+CHOICES = ("zstd", "zstd-dict", "zstd-blocks", "zstd-dict-blocks", "auto")  # a writer's `compression`, besides None
+PER_RECORD = (ZSTD, ZSTD_DICT)  # format 2.0: one frame per record
+BLOCKS = (ZSTD_BLOCKS, ZSTD_DICT_BLOCKS)  # format 3.0: one frame per block of records
+WITH_DICTIONARY = (ZSTD_DICT, ZSTD_DICT_BLOCKS)
 
 MAX_DICTIONARY_SIZE = 1 << 20
 MAX_WINDOW_SIZE = 1 << 23  # RFC 8878's recommended decoder limit; writers stay within it
@@ -57,6 +62,11 @@ DICTIONARY_LEVEL_BONUS = 3
 # auto: compression pays when the sample shrinks below this fraction of its raw size
 WORTHWHILE_RATIO = 0.9
 DICTIONARY_GAIN = 0.9  # ... and the dictionary when it gives at most this fraction of plain zstd's size
+# auto measures blocks (§1.7) when the sample's records average under this, and chooses them when they store at most
+# BLOCKS_GAIN of the per-record choice: a random read of a block decodes the whole block, which only small records
+# repay (docs/compression.md, "Measured": 16 KiB blocks of ~225 B and ~1.1 KB records store 0.65-0.70x per-record frames).
+BLOCKS_UNDER = 2 << 10
+BLOCKS_GAIN = 0.9
 
 
 def zstandard() -> Any:
@@ -78,7 +88,7 @@ def check_level(level: Any) -> int:
 
 def check_choice(compression: Any) -> str | None:
     if compression is not None and compression not in CHOICES:
-        raise VarstoreError(f"compression must be None, 'zstd', 'zstd-dict' or 'auto', not {compression!r}")
+        raise VarstoreError(f"compression must be None, {', '.join(map(repr, CHOICES[:-1]))} or 'auto', not {compression!r}")
     return compression
 
 
@@ -369,30 +379,57 @@ class Choice(NamedTuple):
 def choose(requested: str, samples: Sequence[bytes], level: int) -> Choice:
     """Decide from the first records (`samples`, within SAMPLE_BYTES and SAMPLE_RECORDS) how a shard is stored.
 
-    ``zstd-dict`` trains a dictionary (falling back to plain ``zstd`` when the sample is too small to train one);
-    ``auto`` also measures: raw when zstd saves less than a tenth (tokens, JPEGs), the dictionary when it saves a
-    tenth of plain zstd's size, else plain zstd. The sample's ratios are recorded in the metadata.
+    ``zstd-dict`` and ``zstd-dict-blocks`` train a dictionary (falling back to plain ``zstd`` and ``zstd-blocks``
+    when the sample is too small to train one); ``auto`` also measures: raw when zstd saves less than a tenth
+    (tokens, JPEGs), the dictionary when it saves a tenth of plain zstd's size, else plain zstd; and for records
+    averaging under `BLOCKS_UNDER`, blocks (with or without the dictionary, by the same rule) when they store at
+    most `BLOCKS_GAIN` of that choice. The sample's ratios are recorded in the metadata.
     """
     raw = sum(map(len, samples))
     dictionary_level = min(MAX_LEVEL, level + DICTIONARY_LEVEL_BONUS)
-    if requested == "zstd":
-        return Choice(ZSTD, None, level, {})
+    if requested in ("zstd", "zstd-blocks"):
+        return Choice(IDS[requested], None, level, {})
     started = time.perf_counter()
     dictionary = train(samples, dictionary_level)
-    if requested == "zstd-dict":
-        return Choice(ZSTD_DICT, dictionary, dictionary_level, {}) if dictionary else Choice(ZSTD, None, level, {})
-    plain = sum(map(len, Compressor(ZSTD, level).compress_all(samples)))
-    ratios: dict[str, float] = {"zstd": _ratio(plain, raw)}
-    if dictionary:
-        with_dictionary = len(dictionary) + sum(map(len, Compressor(ZSTD_DICT, dictionary_level, dictionary).compress_all(samples)))
-        ratios["zstd-dict"] = _ratio(with_dictionary, raw)
+    if requested in ("zstd-dict", "zstd-dict-blocks"):
+        with_dictionary, plain = (ZSTD_DICT, ZSTD) if requested == "zstd-dict" else (ZSTD_DICT_BLOCKS, ZSTD_BLOCKS)
+        return Choice(with_dictionary, dictionary, dictionary_level, {}) if dictionary else Choice(plain, None, level, {})
+    ratios = _sample_ratios(samples, raw, level, dictionary_level, dictionary)
     measured = {"sample_records": len(samples), "sample_bytes": raw, "sample_ratios": ratios,
                 "sample_seconds": round(time.perf_counter() - started, 3)}
     if raw == 0 or ratios["zstd"] > WORTHWHILE_RATIO and ratios.get("zstd-dict", 1.0) > WORTHWHILE_RATIO:
-        return Choice(NONE, None, level, measured)
-    if "zstd-dict" in ratios and ratios["zstd-dict"] <= DICTIONARY_GAIN * ratios["zstd"]:
-        return Choice(ZSTD_DICT, dictionary, dictionary_level, measured)
-    return Choice(ZSTD, None, level, measured)
+        choice = Choice(NONE, None, level, measured)
+    else:
+        choice = _better(ZSTD, ratios, dictionary, level, dictionary_level, measured)
+    if "zstd-blocks" in ratios:
+        in_blocks = _better(ZSTD_BLOCKS, ratios, dictionary, level, dictionary_level, measured)
+        if ratios[NAMES[in_blocks.compression]] <= BLOCKS_GAIN * ratios.get(NAMES[choice.compression], 1.0):
+            return in_blocks
+    return choice
+
+
+def _sample_ratios(samples: Sequence[bytes], raw: int, level: int, dictionary_level: int, dictionary: bytes | None) -> dict[str, float]:
+    """Stored ÷ raw for the sample as each compression would store it (a dictionary counted in its shard's size):
+    per-record frames, and blocks when the records average under `BLOCKS_UNDER`."""
+    ratios: dict[str, float] = {}
+    measured = [(ZSTD, samples)]
+    if raw and raw < BLOCKS_UNDER * len(samples):
+        measured.append((ZSTD_BLOCKS, blocks_of(samples)))
+    for plain, payloads in measured:
+        ratios[NAMES[plain]] = _ratio(sum(map(len, Compressor(plain, level).compress_all(payloads))), raw)
+        if dictionary:
+            compressor = Compressor(plain + 1, dictionary_level, dictionary)  # ZSTD_DICT, ZSTD_DICT_BLOCKS
+            ratios[NAMES[plain + 1]] = _ratio(len(dictionary) + sum(map(len, compressor.compress_all(payloads))), raw)
+    return ratios
+
+
+def _better(plain: int, ratios: dict[str, float], dictionary: bytes | None, level: int, dictionary_level: int,
+            measured: dict[str, Any]) -> Choice:
+    """`plain` (ZSTD or ZSTD_BLOCKS), or its dictionary form when that stores at most DICTIONARY_GAIN of it."""
+    with_dictionary = NAMES[plain + 1]
+    if with_dictionary in ratios and ratios[with_dictionary] <= DICTIONARY_GAIN * ratios[NAMES[plain]]:
+        return Choice(plain + 1, dictionary, dictionary_level, measured)
+    return Choice(plain, None, level, measured)
 
 
 def _ratio(stored: int, raw: int) -> float:
@@ -400,10 +437,12 @@ def _ratio(stored: int, raw: int) -> float:
 
 
 def metadata_member(choice: Choice, requested: str) -> dict[str, Any]:
-    """The metadata's ``"compression"`` member for a shard written with `choice` (§1.6)."""
+    """The metadata's ``"compression"`` member for a shard written with `choice` (§1.6, §1.7)."""
     member: dict[str, Any] = {"name": NAMES[choice.compression]}
     if choice.compression != NONE:
         member["level"] = choice.level
+    if choice.compression in BLOCKS:
+        member["block_size"] = BLOCK_TARGET  # informative (§1.7): what the writer closes a block at
     if requested == "auto":
         member["auto"] = choice.measured
     return member

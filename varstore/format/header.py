@@ -11,7 +11,9 @@ nothing else. ``NAME.index`` describes them::
 
 Format 2.0 (a compressed shard, §1.6) puts the dictionary (D bytes) between the metadata's padding and the
 offsets, padded to 8 again, and ends with N uint32 decoded sizes; its header's byte 13 is the compression
-and its last reserved 8 bytes hold D and the dictionary's CRC32C.
+and its last reserved 8 bytes hold D and the dictionary's CRC32C. Format 3.0 (compressed blocks, §1.7) has
+2.0's header fields and dictionary, no record checksums, offsets in decoded space, and ends with the block table
+(`varstore.format.blocks`).
 
 Header fields, in order: magic (8 bytes), major version (u16), minor version
 (u16), codec (u8), reserved (u8, zero), flags (u16), record count N (u64), data
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import FormatError
+from . import blocks as block_format
 from . import compression as zstd_format
 from .checksum import Buffer, crc32c, crc32c_combine
 from .metadata import DATA_CRC_MEMBER, DATA_CRC_UNRECORDED, MAX_METADATA_SIZE
@@ -51,6 +54,9 @@ DATA_CRC_UNRECORDED_MINOR_VERSION = 3  # 1.3: an uncompressed shard whose data_c
 
 
 COMPRESSED_VERSION = (2, 0)
+
+
+BLOCKS_VERSION = (3, 0)  # a shard of compressed blocks (§1.7)
 
 
 HEADER_SIZE = 64
@@ -109,10 +115,19 @@ class Header:
     dictionary_crc32c: int = 0
     # Not a header byte: False when the metadata says `data_crc32c` is not recorded (§1.2), set at open.
     data_crc_recorded: bool = True
+    # Not a header byte: a 3.x shard's B, the one its index size allows (`unpack_header`); its stored B is
+    # checked against it at open.
+    block_count: int = 0
 
     @property
     def major_version(self) -> int:
+        if self.compression in zstd_format.BLOCKS:
+            return BLOCKS_VERSION[0]
         return COMPRESSED_VERSION[0] if self.compression else MAJOR_VERSION
+
+    @property
+    def has_blocks(self) -> bool:
+        return self.compression in zstd_format.BLOCKS
 
     @property
     def version(self) -> tuple[int, int]:
@@ -140,8 +155,15 @@ class Header:
         return self.checksums_start + (CHECKSUM_SIZE * self.record_count if self.has_record_checksums else 0)
 
     @property
+    def blocks_start(self) -> int:
+        """Where a 3.x shard's block table starts: right after its offsets (it has no record checksums)."""
+        return self.checksums_start
+
+    @property
     def index_size(self) -> int:
         """The exact size the index file must have."""
+        if self.has_blocks:
+            return self.blocks_start + block_format.table_size(self.block_count)
         return self.sizes_start + (zstd_format.SIZE_BYTES * self.record_count if self.compression else 0)
 
     def pack(self) -> bytes:
@@ -180,9 +202,10 @@ def unpack_header(raw: bytes, *, index_size: int, path: str) -> Header:
      data_crc, edge_crc, body_crc, reserved, header_crc) = _HEADER.unpack_from(raw)
     if magic != MAGIC:
         raise FormatError(f"not a varstore index: magic is {magic!r}, expected {MAGIC!r}", path=path)
-    if major not in (MAJOR_VERSION, COMPRESSED_VERSION[0]):
+    if major not in (MAJOR_VERSION, COMPRESSED_VERSION[0], BLOCKS_VERSION[0]):
         raise FormatError(
-            f"format version {major}.{minor} is not supported; this reader reads {MAJOR_VERSION}.x and {COMPRESSED_VERSION[0]}.x",
+            f"format version {major}.{minor} is not supported; this reader reads {MAJOR_VERSION}.x, "
+            f"{COMPRESSED_VERSION[0]}.x and {BLOCKS_VERSION[0]}.x",
             path=path,
         )
     actual_crc = crc32c(raw[:60])
@@ -195,7 +218,10 @@ def unpack_header(raw: bytes, *, index_size: int, path: str) -> Header:
     if flags & ~KNOWN_FLAGS:
         raise FormatError(f"unknown flags {flags:#06x}; this reader knows {KNOWN_FLAGS:#06x}", path=path)
     if major != MAJOR_VERSION:
-        _check_compression_fields(compression, dictionary_size, dictionary_crc, path)
+        _check_compression_fields(major, compression, dictionary_size, dictionary_crc, path)
+    if major == BLOCKS_VERSION[0] and flags:
+        raise FormatError(f"flags are {flags:#06x}; a 3.x shard has none (its block checksums take the record "
+                          "checksums' place)", path=path)
     if metadata_size > MAX_METADATA_SIZE:
         raise FormatError(f"metadata size {metadata_size} exceeds the limit of {MAX_METADATA_SIZE} bytes", path=path)
     if data_size > MAX_DATA_SIZE:
@@ -207,13 +233,16 @@ def unpack_header(raw: bytes, *, index_size: int, path: str) -> Header:
             f"(the header, {metadata_size} bytes of metadata, padding and one offset)",
             path=path,
         )
-    per_record = OFFSET_SIZE + (CHECKSUM_SIZE if flags & FLAG_RECORD_CHECKSUMS else 0) + (zstd_format.SIZE_BYTES if compression else 0)
-    if record_count > (index_size - offsets_start - OFFSET_SIZE) // per_record:
+    blocks = major == BLOCKS_VERSION[0]
+    per_record = OFFSET_SIZE + (CHECKSUM_SIZE if flags & FLAG_RECORD_CHECKSUMS else 0) + (zstd_format.SIZE_BYTES if compression and not blocks else 0)
+    fixed = OFFSET_SIZE + (block_format.table_size(0) if blocks else 0)  # the last offset, and an empty block table
+    if record_count > (index_size - offsets_start - fixed) // per_record:
         raise FormatError(
             f"header claims {record_count} records but the {index_size}-byte index file cannot hold them", path=path
         )
+    block_count = _block_count(index_size - offsets_start - OFFSET_SIZE * (record_count + 1), record_count, path) if blocks else 0
     header = Header(codec_id, flags, record_count, data_size, metadata_size, data_crc, edge_crc, body_crc, minor,
-                    compression, dictionary_size, dictionary_crc)
+                    compression, dictionary_size, dictionary_crc, block_count=block_count)
     if header.index_size != index_size:
         raise FormatError(
             f"index file is {index_size} bytes, expected {header.index_size} for {record_count} records", path=path
@@ -221,17 +250,32 @@ def unpack_header(raw: bytes, *, index_size: int, path: str) -> Header:
     return header
 
 
-def _check_compression_fields(compression: int, dictionary_size: int, dictionary_crc: int, path: str) -> None:
-    """§1.3 step 4 for a 2.x header: the compression is zstd (1) or zstd with a dictionary (2), and the dictionary
-    fields are zero without a dictionary, its size within [8, MAX_DICTIONARY_SIZE] with one."""
-    if compression not in (zstd_format.ZSTD, zstd_format.ZSTD_DICT):
-        raise FormatError(f"compression {compression} is unknown; a 2.x shard is compressed with 1 (zstd) or 2 (zstd-dict)", path=path)
-    if compression == zstd_format.ZSTD and (dictionary_size or dictionary_crc):
-        raise FormatError("a zstd shard without a dictionary has a dictionary size or checksum", path=path)
-    if compression == zstd_format.ZSTD_DICT and not 8 <= dictionary_size <= zstd_format.MAX_DICTIONARY_SIZE:
+def _check_compression_fields(major: int, compression: int, dictionary_size: int, dictionary_crc: int, path: str) -> None:
+    """§1.3 step 4 for a 2.x or 3.x header: the compression is one of its major version's (2.x: 1 zstd, 2
+    zstd-dict; 3.x: 3 zstd-blocks, 4 zstd-dict-blocks), and the dictionary fields are zero without a dictionary,
+    its size within [8, MAX_DICTIONARY_SIZE] with one."""
+    known = zstd_format.BLOCKS if major == BLOCKS_VERSION[0] else zstd_format.PER_RECORD
+    if compression not in known:
+        spelled = " or ".join(f"{number} ({zstd_format.NAMES[number]})" for number in known)
+        raise FormatError(f"compression {compression} is unknown; a {major}.x shard is compressed with {spelled}", path=path)
+    with_dictionary = compression in zstd_format.WITH_DICTIONARY
+    if not with_dictionary and (dictionary_size or dictionary_crc):
+        raise FormatError(f"a {zstd_format.NAMES[compression]} shard without a dictionary has a dictionary size or checksum", path=path)
+    if with_dictionary and not 8 <= dictionary_size <= zstd_format.MAX_DICTIONARY_SIZE:
         raise FormatError(
             f"dictionary size {dictionary_size} is outside [8, {zstd_format.MAX_DICTIONARY_SIZE}]", path=path
         )
+
+
+def _block_count(table_bytes: int, record_count: int, path: str) -> int:
+    """§1.3 step 6 for a 3.x index (§1.7): the B whose block table fills the `table_bytes` after the offsets, at
+    most N (a stored B other than this one is refused at open, where it is read)."""
+    block_count = block_format.block_count_for(table_bytes)
+    if block_count is None or block_count > record_count:
+        raise FormatError(
+            f"the {table_bytes} bytes after the offsets are no block table of at most {record_count} blocks "
+            f"({block_format.table_size(0)} + 20 B bytes for B blocks)", path=path)
+    return block_count
 
 
 def data_crc_recorded(header: Header, metadata: dict[str, Any], *, path: str) -> bool:

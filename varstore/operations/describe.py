@@ -47,9 +47,10 @@ class ShardDescription:
     data_size: int
     index_size: int
     damage: str | None = None
-    compression: str | None = None  # "none", "zstd" or "zstd-dict"; None when damaged
+    compression: str | None = None  # "none", "zstd", "zstd-dict", "zstd-blocks" or "zstd-dict-blocks"; None when damaged
     dictionary_size: int = 0
     raw_size: int | None = None  # the bytes its records decode to (its data_size when uncompressed); None when damaged
+    block_count: int = 0  # a 3.x shard's blocks (§1.7; from its index size), else 0
     data_crc_recorded: bool | None = None  # False when its metadata says its data CRC32C is not (§1.2); None if damaged
 
     @property
@@ -73,7 +74,7 @@ def compression_ratio(stored: int, raw: int | None) -> float | None:
 
 def _compression_json(facts: Any) -> dict[str, Any]:
     return {"compression": facts.compression, "dictionary_size": facts.dictionary_size, "raw_size": facts.raw_size,
-            "ratio": facts.ratio}
+            "ratio": facts.ratio, "block_count": facts.block_count}
 
 
 @dataclass(frozen=True)
@@ -103,9 +104,11 @@ class Description:
     rows: int | None
     elements: int | None
     metadata: dict[str, Any]
-    compression: str | None  # "none", "zstd" or "zstd-dict"; None for a dataset whose intact shards differ (or none)
+    compression: str | None  # "none", "zstd", "zstd-dict", "zstd-blocks" or "zstd-dict-blocks"; None for a dataset
+    # whose intact shards differ (or none)
     dictionary_size: int  # every dictionary's bytes (in the index files)
     raw_size: int | None  # the bytes the records decode to; None when a shard is damaged
+    block_count: int = 0  # the blocks of its 3.x shards (§1.7)
     data_crc32c: int | None = None  # a shard's; None when it records none (§1.2)
     manifest_version: int | None = None  # a dataset's
     shards: list[ShardDescription] = field(default_factory=list)  # a dataset's
@@ -248,7 +251,7 @@ def _shard_description(name: str, header: fmt.Header, raw_size: int) -> ShardDes
     return ShardDescription(name, header.version, header.has_record_checksums, header.record_count, header.data_size,
                             header.index_size, compression=zstd_format.NAMES[header.compression],
                             dictionary_size=header.dictionary_size, raw_size=raw_size,
-                            data_crc_recorded=header.data_crc_recorded)
+                            data_crc_recorded=header.data_crc_recorded, block_count=header.block_count)
 
 
 def _listed_description(entry: ShardEntry, header: fmt.Header | str, raw_size: int | str) -> ShardDescription:
@@ -262,8 +265,8 @@ def _listed_description(entry: ShardEntry, header: fmt.Header | str, raw_size: i
 
 def _raw_sizes(store: ShardedReader, headers: list[fmt.Header | str], storage_options: dict[str, Any] | None) -> list[int | str]:
     """What each listed shard's records decode to: an uncompressed shard's data size, a compressed shard's sum of
-    the decoded sizes its index ends with (§1.6), read from the file or at a URL by one ranged request per shard,
-    all at once; or the damage that makes them unreadable."""
+    the decoded sizes its index ends with (§1.6) or a 3.x shard's last offset (§1.7), read from the file or at a
+    URL by one ranged request per shard, all at once; or the damage that makes them unreadable."""
     index_paths = [fmt.shard_paths(prefix)[1] for prefix in store.shard_paths]
     if store.is_remote:
         fs, root = filesystem(store.path, storage_options)
@@ -284,6 +287,8 @@ def _raw_sizes(store: ShardedReader, headers: list[fmt.Header | str], storage_op
         if not header.compression:
             return header.data_size
         try:
+            if header.has_blocks:
+                return int.from_bytes(read(position, header.blocks_start - fmt.OFFSET_SIZE, header.blocks_start), "little")
             return _sum_of_sizes(read(position, header.sizes_start, header.index_size))
         except (*_DAMAGE_ERRORS, VarstoreError) as error:
             return str(error)
@@ -334,7 +339,7 @@ def _describe(store: Store, storage_options: dict[str, Any] | None) -> Descripti
             file_size=header.data_size + header.index_size,
             data_crc32c=header.data_crc32c if header.data_crc_recorded else None,
             compression=shard.compression, dictionary_size=shard.dictionary_size, raw_size=shard.raw_size,
-            **common, **_lengths(store, shard.raw_size),
+            block_count=shard.block_count, **common, **_lengths(store, shard.raw_size),
         )
     headers, manifest_size = _listed_headers(store, storage_options)
     raw_sizes = _raw_sizes(store, headers, storage_options)
@@ -351,6 +356,7 @@ def _describe(store: Store, storage_options: dict[str, Any] | None) -> Descripti
         file_size=data_size + index_size + manifest_size, shards=shards,
         compression=_uniform([shard.compression for shard in intact]),
         dictionary_size=sum(shard.dictionary_size for shard in intact), raw_size=raw_size,
+        block_count=sum(shard.block_count for shard in intact),
         **common, **_lengths(store, data_size if raw_size is None else raw_size),
     )
 

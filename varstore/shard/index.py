@@ -29,6 +29,7 @@ from ..format.codecs import Codec, check_bool_bytes, codec_from_stored
 from ..format.header import Header
 from ..format.metadata import MAX_METADATA_DEPTH, decode_metadata, metadata_members, parse_strict_json
 from ..local.mapping import looks_cached, map_file, pread_exactly, prefetch_index
+from .blocks import BAD_BLOCK_CHECKSUM, REFUSED, ShardBlocks, check_table_ends, record_decoder
 
 _OFFSET = struct.Struct("<Q")
 
@@ -130,10 +131,12 @@ class ShardIndex:
         self.checksums: np.ndarray | None = (
             np.frombuffer(index_map, "<u4", header.record_count, header.checksums_start) if header.has_record_checksums else None
         )
-        # A compressed shard (§1.6): what decodes its frames, and each record's decoded size.
-        self.decompressor = decompressor
+        # A compressed shard (§1.6): what decodes its frames, and each record's decoded size; a shard of compressed
+        # blocks (§1.7): its block table, which decodes them, and offsets in decoded space.
+        self.blocks = ShardBlocks(index_map, header, self.offsets, decompressor, data_path=data_path) if header.has_blocks else None  # type: ignore[arg-type]
+        self.decompressor = None if header.has_blocks else decompressor
         self.sizes: np.ndarray | None = (
-            np.frombuffer(index_map, "<u4", header.record_count, header.sizes_start) if header.compression else None
+            np.frombuffer(index_map, "<u4", header.record_count, header.sizes_start) if header.compression and not header.has_blocks else None
         )
 
     @classmethod
@@ -175,10 +178,13 @@ class ShardIndex:
                 f"(dtype {dtype.str}, trailing shape {list(getattr(codec, 'shape', None) or ())})",
                 path=data_path,
             )
-        (first,) = _OFFSET.unpack(pread_exactly(index_fd, fmt.OFFSET_SIZE, header.offsets_start, index_path))
-        (last,) = _OFFSET.unpack(pread_exactly(index_fd, fmt.OFFSET_SIZE, header.checksums_start - fmt.OFFSET_SIZE, index_path))
-        if first != 0 or last != data_size:
-            raise FormatError(f"offsets run from {first} to {last}, expected 0 to {data_size}", path=index_path)
+        if header.has_blocks:
+            check_table_ends(lambda offset, length: pread_exactly(index_fd, length, offset, index_path), header, data_size, path=index_path)
+        else:
+            (first,) = _OFFSET.unpack(pread_exactly(index_fd, fmt.OFFSET_SIZE, header.offsets_start, index_path))
+            (last,) = _OFFSET.unpack(pread_exactly(index_fd, fmt.OFFSET_SIZE, header.checksums_start - fmt.OFFSET_SIZE, index_path))
+            if first != 0 or last != data_size:
+                raise FormatError(f"offsets run from {first} to {last}, expected 0 to {data_size}", path=index_path)
         head, tail = (read_data(offset, length) for offset, length in fmt.edge_ranges(data_size))
         if fmt.edge_crc32c(head, tail) != header.data_edge_crc32c:
             raise FormatError(
@@ -190,6 +196,12 @@ class ShardIndex:
             prefetch_index(index_fd, index_size)
         return cls(index_map, header, codec, data_size, index_path=index_path, data_path=data_path, decompressor=decompressor)
 
+    @functools.cached_property
+    def offset_limit(self) -> int:
+        """What record offsets stay within: the data file's size, or a 3.x shard's decoded space (offsets[N], which
+        only the blocks' bounds check), read from the map at the first read that needs it, not at open."""
+        return int(self.offsets[-1]) if self.blocks is not None else self.data_size
+
     def metadata(self) -> dict[str, Any]:
         """The user metadata the writer stored, parsed from the mapped index."""
         raw = self.map[fmt.HEADER_SIZE : fmt.HEADER_SIZE + self.header.metadata_size]
@@ -198,6 +210,8 @@ class ShardIndex:
     def close(self) -> None:
         """Drop the views of the map and close it; arrays already returned stay valid until they are freed."""
         self.offsets = self.checksums = None  # type: ignore[assignment]
+        if self.blocks is not None:
+            self.blocks.close()
         if isinstance(self.map, mmap.mmap):
             try:
                 self.map.close()
@@ -210,8 +224,9 @@ class ShardIndex:
         """Record `index` has the offsets [start, end); `records` lists every damaged one found, if more."""
         records = records or [index]
         others = f"; {len(records)} records have such offsets: {_describe(records)}" if len(records) > 1 else ""
+        space = f"the {self.offset_limit} decoded bytes" if self.blocks is not None else f"the {self.data_size}-byte data file"
         return CorruptRecordError(
-            f"record {index} has offsets [{start}, {end}), outside the {self.data_size}-byte data file or reversed{others}",
+            f"record {index} has offsets [{start}, {end}), outside {space} or reversed{others}",
             path=self.index_path,
             records=records,
         )
@@ -227,6 +242,39 @@ class ShardIndex:
                 records=[index],
             ) from None
 
+    @functools.cached_property
+    def blocks_decoder(self) -> Callable[[Any, int, int], Any]:
+        """How reads of a 3.x shard decode a record from its block's decoded bytes (`record_decoder`)."""
+        return record_decoder(self.codec)
+
+    @functools.cached_property
+    def block_record_faults(self) -> Callable[[Any, np.ndarray], list[int]]:
+        """Positions k of the records ``block[offsets[k]:offsets[k + 1]]`` of a 3.x shard's decoded block that a
+        read refuses under the codec: none for ``bytes``, one vectorised UTF-8 pass for ``str``, each decoded as a
+        read decodes it otherwise."""
+        if self.codec.name == "bytes":
+            return _no_faults
+        if self.codec.name == "str":
+            return _non_utf8_positions
+        return functools.partial(_undecodable_positions, self.blocks_decoder)
+
+    def read_in_block(self, index: int, data: Any) -> Any:
+        """Record `index` of a 3.x shard whose data file is `data`: its block found, checked and decoded (or taken
+        from the last one decoded), then the record decoded from it (§1.7)."""
+        decoded, start, end = self.blocks.read(index, data)  # type: ignore[union-attr]
+        try:
+            return self.blocks_decoder(decoded, start, end)
+        except DECODE_ERRORS as error:
+            raise self.decode_error(index, error) from None
+
+    def gather_from_blocks(self, indices: np.ndarray, data: Any) -> tuple[bytes, np.ndarray]:
+        """Records at `indices` of a 3.x shard whose data file is `data`, decoded back to back (each distinct block
+        decoded once), and the N + 1 offsets of each in them."""
+        blocks = self.blocks
+        located, numbers, cached = blocks.plan(indices)  # type: ignore[union-attr]
+        starts, ends = blocks.stored_ranges(numbers)  # type: ignore[union-attr]
+        return blocks.gather(located, data, numbers, starts, ends, cached)  # type: ignore[union-attr]
+
     def decode_error(self, index: int, error: Exception) -> CorruptRecordError:
         return CorruptRecordError(
             f"record {index} does not decode as {self.codec.name}: {error}", path=self.data_path, records=[index]
@@ -241,8 +289,9 @@ class ShardIndex:
 
     def _check_offsets(self, start: int, offsets: np.ndarray) -> np.ndarray:
         """`offsets`, those of records [start, start + len(offsets) - 1), or the error `checked_offsets` raises."""
-        if len(offsets) > 1 and ((offsets[1:] < offsets[:-1]).any() or offsets[-1] > self.data_size):
-            bad = np.flatnonzero((offsets[1:] < offsets[:-1]) | (offsets[1:] > self.data_size))
+        limit = self.offset_limit
+        if len(offsets) > 1 and ((offsets[1:] < offsets[:-1]).any() or offsets[-1] > limit):
+            bad = np.flatnonzero((offsets[1:] < offsets[:-1]) | (offsets[1:] > limit))
             first = int(bad[0])
             raise self.offsets_error(start + first, int(offsets[first]), int(offsets[first + 1]), (bad + start).tolist())
         return offsets
@@ -251,7 +300,7 @@ class ShardIndex:
         """Byte ranges (starts, ends) of records at `indices`, gathered and checked with numpy in one pass."""
         starts = self.offsets[indices]
         ends = self.offsets[indices + 1]
-        bad = (starts > ends) | (ends > self.data_size)
+        bad = (starts > ends) | (ends > self.offset_limit)
         if bad.any():
             position = int(bad.argmax())
             raise self.offsets_error(int(indices[position]), int(starts[position]), int(ends[position]))
@@ -267,6 +316,8 @@ class ShardIndex:
     def raw_size(self) -> int:
         """The bytes the records decode to: the data size, or a compressed shard's sum of decoded sizes (unchecked
         against its offsets: a description, not a read)."""
+        if self.blocks is not None:
+            return self.offset_limit
         return self.data_size if self.sizes is None else int(self.sizes.sum(dtype=np.int64))
 
     def record_sizes(self) -> np.ndarray:
@@ -380,6 +431,29 @@ class ShardIndex:
             raise FormatError(
                 f"index body checksum is {body_crc:#010x}, expected {header.body_crc32c:#010x}", path=self.index_path
             )
+        disorder = None
+        if self.blocks is not None:
+            data_crc, failed, disorder = self.blocks.verify(read_index, read_data, self.block_record_faults, progress)
+            checksum_failures = failed.get(BAD_BLOCK_CHECKSUM, []) or failed.get(REFUSED, [])
+        else:
+            data_crc, failed = self._verify_records(read_index, read_data, decode, progress)
+            checksum_failures = failed[_BAD_CHECKSUM]
+        problems = [disorder] if disorder else []
+        problems += [f"{_counted(records, *reason)}: {_describe(records)}" for reason, records in failed.items() if records]
+        # Not checked when not recorded (§1.2: the caller says so from the header), nor when damaged records explain it.
+        if header.data_crc_recorded and data_crc != header.data_crc32c and not checksum_failures:
+            also = ", though every record passes its own checksum" if header.has_record_checksums else ""
+            problems.append(
+                f"data checksum is {data_crc:#010x}, expected {header.data_crc32c:#010x} (the header's data_crc32c){also}"
+            )
+        if problems:
+            damaged = sorted(set().union(*failed.values()))
+            raise CorruptRecordError("; ".join(problems), path=self.data_path, records=damaged)
+
+    def _verify_records(self, read_index: Callable[[int, int], Any], read_data: Callable[[int, int], Any],
+                        decode: Callable[[Any, int, int], Any] | None, progress: Callable[[int], None] | None,
+                        ) -> tuple[int, dict[tuple[str, str], list[int]]]:
+        """The data file's CRC32C and the damaged records by reason, a chunk of records at a time (1.x, 2.x)."""
         rules = self.record_rules(decode)
         failed: dict[tuple[str, str], list[int]] = {_BAD_CHECKSUM: [], **{reason: [] for reason, _ in rules}}
         data_crc = 0
@@ -390,16 +464,7 @@ class ShardIndex:
                 failed[reason] += find_failing(chunk)
             if progress is not None:
                 progress(len(chunk.data))
-        problems = [f"{_counted(records, *reason)}: {_describe(records)}" for reason, records in failed.items() if records]
-        # Not checked when not recorded (§1.2: the caller says so from the header), nor when damaged records explain it.
-        if header.data_crc_recorded and data_crc != header.data_crc32c and not failed[_BAD_CHECKSUM]:
-            also = ", though every record passes its own checksum" if header.has_record_checksums else ""
-            problems.append(
-                f"data checksum is {data_crc:#010x}, expected {header.data_crc32c:#010x} (the header's data_crc32c){also}"
-            )
-        if problems:
-            damaged = sorted(set().union(*failed.values()))
-            raise CorruptRecordError("; ".join(problems), path=self.data_path, records=damaged)
+        return data_crc, failed
 
     def _verify_chunks(self, read_index: Callable[[int, int], Any], read_data: Callable[[int, int], Any]) -> Iterator[VerifyChunk]:
         """The records in order, as chunks of consecutive records read with `read_data`, their offsets checked
@@ -488,7 +553,7 @@ def _decompressor(header: Header, metadata: dict[str, Any], dictionary: bytes, p
     name = zstd_format.NAMES[header.compression]
     if not isinstance(member, dict) or member.get("name") != name:
         raise FormatError(f'the metadata\'s "compression" member must name {name!r}, the header\'s compression; found {member!r}', path=path)
-    if header.compression != zstd_format.ZSTD_DICT:
+    if header.compression not in zstd_format.WITH_DICTIONARY:
         return zstd_format.shared_decompressor(header.compression, None)
     actual = crc32c(dictionary)
     if actual != header.dictionary_crc32c:
@@ -522,14 +587,24 @@ def _non_utf8_records(chunk: VerifyChunk) -> list[int]:
 
 def _undecodable_records(decode: Callable[[Any, int, int], Any], chunk: VerifyChunk) -> list[int]:
     """Records of a chunk that the codec's decode (the one every read uses) refuses."""
-    bounds = chunk.relative.tolist()
+    return [chunk.first + position for position in _undecodable_positions(decode, chunk.data, chunk.relative)]
+
+
+def _undecodable_positions(decode: Callable[[Any, int, int], Any], buffer: Any, offsets: np.ndarray) -> list[int]:
+    """Positions k of the records ``buffer[offsets[k]:offsets[k + 1]]`` that `decode` refuses."""
+    bounds = offsets.tolist()
     bad = []
     for position, (start, end) in enumerate(zip(bounds, bounds[1:])):
         try:
-            decode(chunk.data, start, end)
+            decode(buffer, start, end)
         except DECODE_ERRORS:
-            bad.append(chunk.first + position)
+            bad.append(position)
     return bad
+
+
+def _no_faults(buffer: Any, offsets: np.ndarray) -> list[int]:
+    """``bytes`` records: any bytes are one."""
+    return []
 
 
 _BAD_CHECKSUM = ("fails its checksum", "fail their checksum")

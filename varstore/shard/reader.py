@@ -126,8 +126,9 @@ def record_buffer(codec: Codec, data: Any) -> RecordBuffer:
 
 def shard_buffer(index: ShardIndex, data: Any) -> RecordBuffer:
     """`data` (a shard's data file, or bytes fetched from it) as the `RecordBuffer` reads of `index`'s records take:
-    a compressed shard's frames are decompressed by `decode_records`, so its buffer is the stored bytes alone."""
-    if index.decompressor is not None:
+    a compressed shard's frames are decompressed by `decode_records` (a 3.x shard's blocks by the index), so its
+    buffer is the stored bytes alone."""
+    if index.decompressor is not None or index.blocks is not None:
         return RecordBuffer(data, None, None, None)
     return record_buffer(index.codec, data)
 
@@ -180,6 +181,20 @@ def decode_records(index: ShardIndex, buffer: RecordBuffer, indices: np.ndarray,
         raise
 
 
+def decode_gathered(index: ShardIndex, indices: np.ndarray, joined: bytes, offsets: np.ndarray) -> list[Any]:
+    """Records at `indices` of a 3.x shard, their decoded bytes back to back in `joined` at `offsets` (N + 1; from
+    `ShardIndex.gather_from_blocks`), decoded after every check a read makes."""
+    starts, ends = offsets[:-1], offsets[1:]
+    if index.dtype is not None:
+        index.check_rows(indices, starts, ends)
+    return decode_records(index, record_buffer(index.codec, joined), indices, starts, ends)
+
+
+def pack_gathered(index: ShardIndex, indices: np.ndarray, joined: bytes, offsets: np.ndarray) -> FlatBatch:
+    """`decode_gathered`'s records as a `FlatBatch`, checked as `pack_flat` checks them."""
+    return pack_flat(index, indices, offsets[:-1], offsets[1:], bytearray(joined))
+
+
 def pack_flat(index: ShardIndex, indices: np.ndarray, starts: np.ndarray, ends: np.ndarray, joined: bytearray) -> FlatBatch:
     """Records at `indices` (stored at [starts, ends)), already copied back to back into `joined`, as a
     `FlatBatch`, after every check a read makes (for ``msgpack``, by decoding each; a compressed shard's frames
@@ -205,8 +220,9 @@ def pack_flat(index: ShardIndex, indices: np.ndarray, starts: np.ndarray, ends: 
 def record_slicer(index: ShardIndex, data_map: Any) -> Any:
     """The C extension's reads of `index`'s ``bytes`` and ``str`` records from `data_map` (the whole data file),
     which decline (None) whenever a record needs the Python path's checks or error; None without the extension
-    and for other codecs. A compressed (2.x) shard's are `FrameSlicer`'s, which decodes in this thread only."""
-    if speedups is None or index.codec.name not in ("bytes", "str"):
+    and for other codecs. A compressed (2.x) shard's are `FrameSlicer`'s, which decodes in this thread only; a 3.x
+    shard's blocks have none."""
+    if speedups is None or index.codec.name not in ("bytes", "str") or index.blocks is not None:
         return None
     as_str = index.codec.name == "str"
     if index.decompressor is None:
@@ -278,9 +294,10 @@ class Reader(ShardReaderBase):
         self._data_file = (data_stat.st_dev, data_stat.st_ino)
         self._offsets_start = index.header.offsets_start
         self._offsets = index.offsets
-        if self.verify_reads and index.checksums is None:
+        if self.verify_reads and index.checksums is None and index.blocks is None:  # every read checks a block's CRC32C
             raise FormatError("verify_reads=True but this shard was written without record checksums", path=self.index_path)
         self._decompressor = index.decompressor
+        self._blocks = index.blocks
         self._buffer = shard_buffer(index, self._data_map)
         self._decode, self._rows, self._bool_bytes = self._buffer.decode, self._buffer.rows, self._buffer.bool_bytes
         self._payload_decode = None if self._codec.name == "bytes" else self._codec.decode
@@ -306,7 +323,7 @@ class Reader(ShardReaderBase):
         self._check_open()
         if self.dtype is None:
             raise RecordTypeError(f"as_array needs an ndarray shard, this one is {self.codec}", path=self.path)
-        if self._decompressor is not None:
+        if self._decompressor is not None or self._blocks is not None:
             raise RecordTypeError("as_array views the data file in place, which a compressed shard cannot offer; "
                                   "read its records (get_batch, iter_flat) instead", path=self.path)
         if self._bool_bytes is not None and self._count:
@@ -332,6 +349,8 @@ class Reader(ShardReaderBase):
             index += count
         if not 0 <= index < count:
             raise self._index_error(index)
+        if self._blocks is not None:
+            return self._index.read_in_block(index, self._data_map)
         start, end = _PAIR.unpack_from(self._index_map, self._offsets_start + 8 * index)
         if not start <= end <= self._data_size:
             raise self._index.offsets_error(index, start, end)
@@ -379,6 +398,8 @@ class Reader(ShardReaderBase):
         if self._fast_batch is not None and (records := self._fast_batch(indices)) is not None:
             return records
         indices = self._check_indices(indices)
+        if self._blocks is not None:
+            return decode_gathered(self._index, indices, *self._index.gather_from_blocks(indices, self._data_map))
         starts, ends = self._checked_ranges(indices)
         return self._decode_ranges(indices, starts, ends)
 
@@ -390,6 +411,8 @@ class Reader(ShardReaderBase):
 
         Every record is checked as a read checks it (for ``msgpack``, by decoding it) and returned as stored."""
         indices = self._check_indices(indices)
+        if self._blocks is not None:
+            return pack_gathered(self._index, indices, *self._index.gather_from_blocks(indices, self._data_map))
         starts, ends = self._checked_ranges(indices)
         with memoryview(self._data_map) as view:
             joined = bytearray().join([view[start:end] for start, end in zip(starts.tolist(), ends.tolist())])
@@ -408,6 +431,9 @@ class Reader(ShardReaderBase):
         return offsets
 
     def _read_range(self, start: int, stop: int) -> list[Any]:
+        if self._blocks is not None:
+            self._check_open()
+            return self.get_batch(np.arange(start, stop))
         offsets = self._contiguous_offsets(start, stop)
         return self._decode_ranges(np.arange(start, stop), offsets[:-1], offsets[1:])
 
@@ -424,7 +450,7 @@ class Reader(ShardReaderBase):
             raise RecordTypeError(f"batch_size must be positive, not {batch_size}", path=self.path)
         for start in range(0, self._count, batch_size):
             stop = min(start + batch_size, self._count)
-            if self._decompressor is not None:  # decoded copies: a compressed shard has no bytes to view in place
+            if self._decompressor is not None or self._blocks is not None:  # decoded copies: no bytes to view in place
                 yield self.get_batch_flat(np.arange(start, stop))
                 continue
             offsets = self._contiguous_offsets(start, stop)
@@ -451,7 +477,9 @@ class Reader(ShardReaderBase):
         """Ask the kernel to start reading records [start, stop) into the page cache; advisory, so damage is ignored."""
         self._check_open()
         start, stop, _ = slice(start, stop).indices(self._count)
-        if stop > start:
+        if stop > start and self._blocks is not None:
+            self._prefetch(*self._blocks.stored_span(start, stop))
+        elif stop > start:
             end = min(int(self._offsets[stop]), self._data_size)
             self._prefetch(min(int(self._offsets[start]), end), end)
 
@@ -463,7 +491,10 @@ class Reader(ShardReaderBase):
             return
         try:
             indices = check_indices(indices, self._count, self.path)
-            starts, ends = self._index.checked_ranges(indices)
+            if self._blocks is not None:
+                starts, ends = self._blocks.stored_ranges(self._blocks.locate(indices).numbers)
+            else:
+                starts, ends = self._index.checked_ranges(indices)
             fd = os.open(self.data_path, os.O_RDONLY | os.O_NONBLOCK)
         except (VarstoreError, OSError):
             return
@@ -528,7 +559,7 @@ class Reader(ShardReaderBase):
         if self._slicer is not None:
             self._slicer.release()  # before the maps close: it holds a view of each
         self._slicer = self._fast_get = self._fast_batch = None
-        self._offsets = self._decode = self._rows = self._bool_bytes = self._buffer = self._decompressor = None  # type: ignore[assignment]
+        self._offsets = self._decode = self._rows = self._bool_bytes = self._buffer = self._decompressor = self._blocks = None  # type: ignore[assignment]
         self._index.close()
         if isinstance(self._data_map, mmap.mmap):
             try:

@@ -63,7 +63,7 @@ from ..remote.filesystems import DEFAULT_ATTEMPTS, backoff_delay
 from ..remote.location import RemoteLocation
 from ..remote.read_plan import ObjectRanges
 from .index import ShardIndex
-from .reader import FlatBatch, check_indices, decode_records, pack_flat, record_slicer, shard_buffer
+from .reader import FlatBatch, check_indices, decode_gathered, decode_records, pack_flat, pack_gathered, record_slicer, shard_buffer
 from .reader_base import ShardReaderBase, replaced_error
 
 # A scan (iteration, slices) fetches records in requests of about this many bytes.
@@ -172,7 +172,7 @@ class RemoteShard(ShardReaderBase):
             )
         finally:
             os.close(fd)
-        if self.verify_reads and index.checksums is None:
+        if self.verify_reads and index.checksums is None and index.blocks is None:  # a block's CRC32C is always checked
             raise FormatError("verify_reads=True but this shard was written without record checksums", path=self.index_path)
         self._index = index
         if self._data_map is not None:
@@ -304,6 +304,8 @@ class RemoteShard(ShardReaderBase):
         indices = self._check_indices(indices)
         if self._data_map is not None:
             return None
+        if self._index.blocks is not None:
+            return ObjectRanges(self.data_path, self._data_size, self._block_ranges(np.unique(self._index.blocks.locate(indices).numbers)))
         starts, ends = self._index.checked_ranges(indices)
         return ObjectRanges(self.data_path, self._data_size, list(zip(starts.tolist(), ends.tolist())))
 
@@ -315,6 +317,9 @@ class RemoteShard(ShardReaderBase):
         cached = self._cached
         if pieces is None and cached is not None:
             return cached.get_batch_flat(indices) if flat else cached.get_batch(indices)
+        if self._index.blocks is not None:
+            joined, offsets = self._from_blocks(indices, pieces)
+            return (pack_gathered if flat else decode_gathered)(self._index, indices, joined, offsets)
         starts, ends, joined = self._gather(indices, pieces)
         if flat:
             return pack_flat(self._index, indices, starts, ends, joined)
@@ -392,6 +397,49 @@ class RemoteShard(ShardReaderBase):
                     actual[position] = crc32c(piece)
                 wrong = wrong[actual[wrong] != expected[wrong]]
         return starts, ends, bytearray().join(pieces)
+
+    def _block_ranges(self, numbers: np.ndarray) -> list[tuple[int, int]]:
+        """The stored byte ranges of blocks `numbers` (found by `ShardBlocks.locate`) in the data object."""
+        starts, ends = self._index.blocks.stored_ranges(numbers)
+        return list(zip(starts.tolist(), ends.tolist()))
+
+    def _from_blocks(self, indices: np.ndarray, pieces: list[bytes] | None) -> tuple[bytes, np.ndarray]:
+        """Records at `indices` of a 3.x shard, decoded back to back, and the offsets of each (§1.7): a ranged read
+        fetches the stored frames of their distinct blocks, not the records' ranges; without `pieces` (the frames
+        of `wanted_ranges`, fetched by the caller) the block decoded last is not fetched again. Frames failing their
+        CRC32C are read again as `_gather` reads records again; one failing on every attempt is refused by name."""
+        blocks = self._index.blocks
+        located, numbers, cached = blocks.plan(indices)
+        if pieces is not None:  # wanted_ranges' frames: every distinct block, whatever was decoded since
+            numbers, cached = np.unique(located.numbers), (-1, b"")
+        ranges = self._block_ranges(numbers)
+        if pieces is None:
+            ranged = self._data_map is None
+            pieces = self._read_data(ranges, self._data_size)
+        else:
+            ranged = True
+            self._note_ranged_read(sum(len(piece) for piece in pieces))
+        pieces = self._frames_checked(pieces, ranges, blocks.block_checksums[numbers], ranged)
+        ends = np.cumsum([len(piece) for piece in pieces], dtype=np.int64)
+        return blocks.gather(located, b"".join(pieces), numbers, ends - np.array([len(piece) for piece in pieces], np.int64), ends, cached)
+
+    def _frames_checked(self, pieces: list[bytes], ranges: list[tuple[int, int]], expected: np.ndarray, ranged: bool) -> list[bytes]:
+        """`pieces`, the frames at `ranges`, with those that fail their `expected` CRC32C read again, with backoff,
+        up to `DEFAULT_ATTEMPTS` reads in all (a read by ranges only): the block's own check (`ShardBlocks.gather`)
+        then refuses what still fails, as damage at rest."""
+        wrong = np.flatnonzero(np.fromiter(map(crc32c, pieces), np.uint32, len(pieces)) != expected)
+        attempt = 1
+        while wrong.size and ranged and attempt < DEFAULT_ATTEMPTS:
+            self._replaced_check()
+            time.sleep(backoff_delay(attempt))
+            attempt += 1
+            again = self._read_data([ranges[position] for position in wrong.tolist()], self._data_size)
+            for position, piece in zip(wrong.tolist(), again):
+                pieces[position] = piece
+            wrong = np.array([position for position in wrong.tolist() if crc32c(pieces[position]) != expected[position]], np.int64)
+        if wrong.size:
+            self._replaced_check()
+        return pieces
 
     def _read_data(self, ranges: list[tuple[int, int]], size: int) -> list[bytes]:
         """Bytes of each range of the data object: from the cached copy if `fetch_data` brought one, else by
@@ -594,12 +642,16 @@ class _CachedData:
         return starts, ends, start_list, end_list
 
     def get_batch(self, indices: np.ndarray) -> list[Any]:
+        if self._index.blocks is not None:  # each block's CRC32C is checked, from the map, as the index reads it
+            return decode_gathered(self._index, indices, *self._index.gather_from_blocks(indices, self._map))
         starts, ends, _, _ = self._checked_ranges(indices)
         if self._slicer is not None and (records := self._slicer.get_batch(indices)) is not None:
             return records
         return decode_records(self._index, self._buffer, indices, starts, ends)
 
     def get_batch_flat(self, indices: np.ndarray) -> FlatBatch:
+        if self._index.blocks is not None:
+            return pack_gathered(self._index, indices, *self._index.gather_from_blocks(indices, self._map))
         starts, ends, start_list, end_list = self._checked_ranges(indices)
         with memoryview(self._map) as view:
             joined = bytearray().join([view[start:end] for start, end in zip(start_list, end_list)])

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import os
+import struct
 import sys
 from array import array
 from itertools import accumulate
-from typing import Any, Callable, Iterable, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 import numpy as np
 
 from ..errors import ClosedError, RecordTypeError, ShardExistsError, VarstoreError
+from ..format import blocks as block_format
 from ..format import compression as zstd_format
 from ..format import header as fmt
 from ..format.checksum import crc32c, crc32c_of_each, crc32c_of_ranges
@@ -36,6 +38,7 @@ _SPOOL_ENTRIES = 1 << 16
 _BUFFERED_RECORD_COST = 64
 _EXTEND_CHUNK = 1024  # records `extend` encodes and buffers per step
 _LITTLE_ENDIAN = sys.byteorder == "little"
+_BLOCK_SPOOLS = ("block_offsets", "block_records", "block_checksums")  # a 3.x index's block table, in its order
 
 
 def _le_bytes(values: array) -> bytes:
@@ -43,6 +46,13 @@ def _le_bytes(values: array) -> bytes:
         values = array(values.typecode, values)
         values.byteswap()
     return values.tobytes()
+
+
+def _running_sums(sizes: Iterable[int], start: int) -> Iterator[int]:
+    """`start` plus each prefix sum of `sizes`: the offsets where each of them ends, after `start`."""
+    sums = accumulate(sizes, initial=start)
+    next(sums)
+    return sums
 
 
 def refused_record(error: RecordTypeError, position: int, path: str) -> RecordTypeError:
@@ -221,9 +231,13 @@ class Writer(CommitsOnExit):
         if self._compressing:
             zstd_format.zstandard()  # the missing extra is named before anything is written
         self._sizes = array("I")
+        # Blocks (§1.7), once chosen: what groups the records, and the block table so far (spooled as the offsets are).
+        self._packer: block_format.BlockPacker | None = None
+        self._block_offsets, self._block_records, self._block_checksums = array("Q", [0]), array("Q", [0]), array("I")
+        self._block_count = self._blocked_records = self._stored_size = self._decoded_size = 0
         self._temporary = {name: temporary_path(final) for name, final in
                            (("data", self.data_path), ("index", self.index_path), ("checksums", self.index_path + ".checksums"),
-                            ("sizes", self.index_path + ".sizes"))}
+                            ("sizes", self.index_path + ".sizes"), *((name, f"{self.index_path}.{name}") for name in _BLOCK_SPOOLS))}
         self._fds: dict[str, int] = {}
         self._record_count = 0
         self._data_size = 0
@@ -250,7 +264,7 @@ class Writer(CommitsOnExit):
             for name in ("data", "index") + (("checksums",) if checksums else ()) + (("sizes",) if self._compressing else ()):
                 self._fds[name] = os.open(self._temporary[name], os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
             write_all(self._fds["index"], bytes(fmt.HEADER_SIZE))
-            if self._requested == "zstd":
+            if self._requested in ("zstd", "zstd-blocks"):  # nothing to sample
                 self._decide([])
             elif self._requested is None:
                 self._write_preamble(b"")
@@ -277,9 +291,19 @@ class Writer(CommitsOnExit):
         self._compressing = choice.compression != zstd_format.NONE
         if self._compressing:
             self._compressor = zstd_format.Compressor(choice.compression, choice.level, choice.dictionary)
+        if choice.compression in zstd_format.BLOCKS:
+            self._start_blocks()
         member = zstd_format.metadata_member(choice, self._requested)
         self._metadata = encode_metadata(self._codec.params(), self._user, member)
         self._write_preamble(choice.dictionary or b"")
+
+    def _start_blocks(self) -> None:
+        """Group the records into blocks from now on (the first records are still buffered): no record checksums
+        (a 3.x shard's block checksums take their place), and the block table's spool files."""
+        self._packer = block_format.BlockPacker()
+        self._flags = 0
+        for name in _BLOCK_SPOOLS:
+            self._fds[name] = os.open(self._temporary[name], os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
 
     def _stored(self, payloads: list[bytes]) -> list[bytes]:
         """The payloads as stored: decided on, if not yet, then compressed (their decoded sizes noted), or raw."""
@@ -399,6 +423,12 @@ class Writer(CommitsOnExit):
         if self._compressing:
             if self._choice is None:
                 self._decide([bytes(memoryview(payload)[: zstd_format.SAMPLE_BYTES])])
+            if self._packer is not None:  # into a block of its own, as any record
+                self._buffered.append(bytes(payload))
+                self._data_size += size
+                self._record_count += 1
+                self._flush_data()
+                return
             payload = self._stored([bytes(payload)])[0]
             size = len(payload)
         if self._flags:
@@ -419,11 +449,19 @@ class Writer(CommitsOnExit):
         if len(self._sizes) >= _SPOOL_ENTRIES:
             self._write("sizes", _le_bytes(self._sizes))
             self._sizes = array("I")
+        if len(self._block_checksums) >= _SPOOL_ENTRIES:
+            for name, entries in zip(_BLOCK_SPOOLS, (self._block_offsets, self._block_records, self._block_checksums)):
+                self._write(name, _le_bytes(entries))
+            self._block_offsets, self._block_records, self._block_checksums = array("Q"), array("Q"), array("I")
 
     def _flush_data(self) -> None:
         """Write the buffered records, adding their offsets and checksums (one pass over the buffer)."""
         payloads = self._buffered
-        if payloads:
+        if payloads and self._compressing and self._choice is None:
+            self._decide(payloads)
+        if payloads and self._packer is not None:
+            self._flush_blocks(payloads)
+        elif payloads:
             if self._compressing:
                 raw_size = sum(map(len, payloads))
                 payloads = self._stored(payloads)
@@ -438,6 +476,31 @@ class Writer(CommitsOnExit):
             self._write_data(data)
             self._spool_if_full()
         self._reset_room()
+
+    def _flush_blocks(self, payloads: list[bytes]) -> None:
+        """Add the buffered records to blocks (§1.7): their offsets in decoded space, and the blocks they close
+        compressed and written; the open block's records wait for the next flush."""
+        sizes = list(map(len, payloads))
+        if max(sizes) > zstd_format.MAX_RECORD_SIZE:
+            raise VarstoreError(f"a compressed shard's records are below 2**32 bytes; one is {max(sizes)}", path=self.path)
+        self._offsets.extend(_running_sums(sizes, self._decoded_size))
+        self._decoded_size += sum(sizes)
+        self._buffered = []
+        self._write_blocks(self._packer.add(payloads))  # type: ignore[union-attr]
+
+    def _write_blocks(self, blocks: list[list[bytes]]) -> None:
+        """Compress each block into one frame, write the frames and add them to the block table."""
+        frames = [self._compressor.compress(b"".join(block)) for block in blocks]  # type: ignore[union-attr]
+        self._block_offsets.extend(_running_sums(map(len, frames), self._stored_size))
+        self._block_records.extend(_running_sums(map(len, blocks), self._blocked_records))
+        self._block_checksums.extend(crc32c_of_each(frames))
+        self._block_count += len(blocks)
+        self._blocked_records += sum(map(len, blocks))
+        data = b"".join(frames)
+        self._write_data(data)
+        self._stored_size += len(data)
+        self._data_size = self._stored_size + self._packer.pending_bytes  # type: ignore[union-attr]
+        self._spool_if_full()
 
     def _reset_room(self) -> None:
         """The empty buffer's room: its size, or less near the shard's size limit (so `_add_payload` need not check it)."""
@@ -501,12 +564,16 @@ class Writer(CommitsOnExit):
         self._flush_data()
         if self._requested is not None and self._choice is None:  # no record was ever flushed: an empty shard
             self._decide([])
+        if self._packer is not None:
+            self._write_blocks(self._packer.finish())
         data_fd, index_fd = self._fds["data"], self._fds["index"]
         os.fsync(data_fd)
         self._spool_offsets()
         if self._flags:
             self._append_spooled("checksums", self._checksums)
-        if self._compressing:
+        if self._packer is not None:
+            self._append_block_table()
+        elif self._compressing:
             self._append_spooled("sizes", self._sizes)
         head = os.pread(data_fd, min(fmt.EDGE_SIZE, self._data_size), 0)
         tail_start = max(0, self._data_size - fmt.EDGE_SIZE)
@@ -515,7 +582,8 @@ class Writer(CommitsOnExit):
         compression = choice.compression if choice else zstd_format.NONE
         dictionary = (choice.dictionary if choice else None) or b""
         header = fmt.Header(
-            minor_version=fmt.COMPRESSED_VERSION[1] if compression else fmt.AUTO_NONE_MINOR_VERSION if choice else fmt.MINOR_VERSION,
+            minor_version=self._minor_version(),
+            block_count=self._block_count,
             compression=compression,
             dictionary_size=len(dictionary),
             dictionary_crc32c=crc32c(dictionary) if dictionary else 0,
@@ -535,9 +603,25 @@ class Writer(CommitsOnExit):
             [(self._temporary["data"], self.data_path), (self._temporary["index"], self.index_path)],
             overwrite=self._overwrite,
         )
-        remove_quietly([self._temporary["checksums"], self._temporary["sizes"]])
+        remove_quietly([self._temporary[name] for name in ("checksums", "sizes", *_BLOCK_SPOOLS)])
         self.header = header
         self._release_lock()
+
+    def _append_block_table(self) -> None:
+        """A 3.x index's end (§1.7): B, then block_offsets, block_records and block_checksums from their spools."""
+        raw = struct.pack("<Q", self._block_count)
+        self._body_crc = crc32c(raw, self._body_crc)
+        write_all(self._fds["index"], raw)
+        for name, tail in zip(_BLOCK_SPOOLS, (self._block_offsets, self._block_records, self._block_checksums)):
+            self._append_spooled(name, tail)
+
+    def _minor_version(self) -> int:
+        """The header's minor version: 0 for a compressed shard (2.0, 3.0), 1.2 for one "auto" stored raw, else 1.1."""
+        if self._choice is None:
+            return fmt.MINOR_VERSION
+        if self._choice.compression in zstd_format.BLOCKS:
+            return fmt.BLOCKS_VERSION[1]
+        return fmt.COMPRESSED_VERSION[1] if self._choice.compression else fmt.AUTO_NONE_MINOR_VERSION
 
     def _close_fds(self) -> None:
         while self._fds:
