@@ -29,7 +29,7 @@ def node_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _records(count: int) -> list[bytes]:
-    """Incompressible records of ~1 KB: blocks of ~16 KiB stored, so blocks far apart are far apart in the object."""
+    """Incompressible records of ~1 KB: blocks of ~8 KiB stored, so blocks far apart are far apart in the object."""
     generator = np.random.default_rng(3)
     return [generator.bytes(900 + index % 200) for index in range(count)]
 
@@ -67,7 +67,7 @@ def test_a_ranged_read_fetches_exactly_the_stored_frames_of_the_records_blocks(s
     with varstore.Writer(tmp_path / "local" / "s", "bytes", compression="zstd-blocks") as writer:
         writer.extend(records)
     offsets, first = _block_table(tmp_path / "local" / "s")
-    assert len(offsets) > 100 and offsets[90] - offsets[11] > 1 << 20  # blocks 10 and 90 are far apart
+    assert len(offsets) > 100 and offsets[190] - offsets[11] > 1 << 20  # blocks 10 and 190 are far apart
     bucket = s3_server.new_bucket()
     _upload(s3_server, tmp_path / "local", f"s3://{bucket}/set")
     with varstore.open(f"s3://{bucket}/set/s", storage_options=s3_server.storage_options, cache_limit=RANGES_ONLY) as shard:
@@ -76,9 +76,9 @@ def test_a_ranged_read_fetches_exactly_the_stored_frames_of_the_records_blocks(s
         assert _data_gets(s3_server, bucket)[before:] == [(offsets[10], offsets[11])]
         assert shard[first[10]] == records[first[10]] and shard[first[11] - 1] == records[first[11] - 1]
         assert len(_data_gets(s3_server, bucket)) == before + 1  # the block decoded last serves its records
-        wanted = [first[90] + 1, first[10] + 5, first[90]]
+        wanted = [first[190] + 1, first[10] + 5, first[190]]
         assert shard.get_batch(wanted) == [records[i] for i in wanted]
-        assert _data_gets(s3_server, bucket)[before + 1 :] == [(offsets[90], offsets[91])]
+        assert _data_gets(s3_server, bucket)[before + 1 :] == [(offsets[190], offsets[191])]
         flat = shard.get_batch_flat([first[40], first[41] - 1])
         assert bytes(flat.values) == records[first[40]] + records[first[41] - 1]
         assert _data_gets(s3_server, bucket)[before + 2 :] == [(offsets[40], offsets[41])]

@@ -1,4 +1,5 @@
-"""The C extension's single reads of compressed (2.x) ``bytes`` and ``str`` records (`speedups.FrameSlicer`).
+"""The C extension's single reads of compressed ``bytes`` and ``str`` records: `speedups.FrameSlicer` (2.x, a frame
+per record) and `speedups.BlockSlicer` (3.x, blocks of records).
 
 It reads a record only when the Python path would return the same value, and declines (None) otherwise, so that
 the Python path decides and words the error: out of range, offsets unsound, a frame `check_frame` refuses, a frame
@@ -57,19 +58,22 @@ def python_read(reader, index):
         reader._fast_get = saved
 
 
-@pytest.mark.parametrize("compression", ["zstd", "zstd-dict"])
+SLICERS = {"zstd": "FrameSlicer", "zstd-dict": "FrameSlicer", "zstd-blocks": "BlockSlicer", "zstd-dict-blocks": "BlockSlicer"}
+
+
+@pytest.mark.parametrize("compression", list(SLICERS))
 @pytest.mark.parametrize("codec", ["bytes", "str"])
 def test_the_c_path_reads_every_record_as_the_python_path_does(tmp_path, codec, compression):
-    records = TEXTS if codec == "str" else [text.encode() for text in TEXTS]
+    records = TEXTS * 20 if codec == "str" else [text.encode() for text in TEXTS * 20]
     with varstore.open(write(tmp_path / "s", records, codec, compression)) as reader:
-        assert type(reader._slicer).__name__ == "FrameSlicer"
+        assert type(reader._slicer).__name__ == SLICERS[compression]
         for index in [*range(len(records)), -1, -len(records)]:
             record = reader._slicer.get(index)
             assert record == records[index] == python_read(reader, index)
             assert type(record) is type(records[index])
 
 
-@given(st.lists(st.binary(max_size=300), min_size=1, max_size=40), st.sampled_from(["zstd", "zstd-dict"]))
+@given(st.lists(st.binary(max_size=3000), min_size=1, max_size=40), st.sampled_from(list(SLICERS)))
 def test_reads_equal_the_records_written_whatever_their_bytes(tmp_path_factory, records, compression):
     path = write(tmp_path_factory.mktemp("h") / "s", records, compression=compression)
     with varstore.open(path) as reader:
@@ -172,3 +176,65 @@ def test_a_frame_declaring_more_than_its_record_is_declined_before_anything_is_a
         assert peak < 1 << 20  # the 64 MiB the frame declares were never allocated
         with pytest.raises(CorruptRecordError, match="record 0"):
             reader[0]
+
+
+# -- blocks (3.x) ----------------------------------------------------------------------------------------------
+
+
+def block_slicer(reader, decompress):
+    """A BlockSlicer over `reader`'s shard whose zstd calls go through `decompress`."""
+    blocks = reader._index.blocks
+    return speedups.BlockSlicer(blocks.offsets, blocks.block_offsets, blocks.block_records, blocks.block_checksums,
+                                reader._data_map, False, blocks.decompressor.dictionary_id, decompress)
+
+
+def test_reading_records_in_order_decodes_each_block_once(tmp_path):
+    records = [text.encode() for text in TEXTS * 20]
+    with varstore.open(write(tmp_path / "s", records, compression="zstd-blocks")) as reader:
+        context = reader._index.blocks.decompressor.thread_decompress()
+        calls = []
+        slicer = block_slicer(reader, lambda frame, size: calls.append(size) or context(frame, size))
+        assert [slicer.get(k) for k in range(len(records))] == records
+        assert len(calls) == reader._index.blocks.count > 1
+        assert slicer.get(0) == records[0] and len(calls) == reader._index.blocks.count + 1
+        slicer.release()
+
+
+def test_a_block_whose_checksum_is_wrong_is_declined_and_its_records_refused(tmp_path):
+    generator = random.Random(5)
+    records = [generator.randbytes(700) for _ in range(60)]  # incompressible: raw zstd blocks, so a flipped byte decodes
+    path = write(tmp_path / "s", records, compression="zstd-blocks")
+    with varstore.open(path) as reader:
+        blocks = reader._index.blocks
+        first, last = (int(value) for value in blocks.block_records[1:3])
+        start = int(blocks.block_offsets[1])
+    data = bytearray((tmp_path / "s.data").read_bytes())
+    data[start + 20] ^= 1
+    forge_data(path, bytes(data))
+    with varstore.open(path) as reader:
+        assert reader._slicer.get(first) is None and reader._slicer.get(last - 1) is None
+        with pytest.raises(CorruptRecordError, match=f"record {first}: block 1 checksum"):
+            reader[first]
+        assert reader._slicer.get(last) == records[last] and reader[0] == records[0]
+
+
+def test_a_block_table_that_does_not_bracket_the_record_is_declined(tmp_path):
+    import numpy as np
+
+    from .helpers_reliability import reseal_body
+
+    records = [text.encode() for text in TEXTS * 20]
+    path = write(tmp_path / "s", records, compression="zstd-blocks")
+    with varstore.open(path) as reader:
+        blocks = reader._index.blocks
+        records_at = blocks._records_at
+        hidden = int(blocks.block_records[2]) + 1
+        count = blocks.count
+    index = bytearray(Path(f"{path}.index").read_bytes())
+    table = np.frombuffer(index, "<u8", count + 1, records_at)
+    table[2] = table[3] + 1  # block 2 now starts after block 3's first record: a record of block 2 has no block
+    Path(f"{path}.index").write_bytes(reseal_body(bytes(index)))
+    with varstore.open(path) as reader:
+        assert reader._slicer.get(hidden) is None
+        with pytest.raises(CorruptRecordError, match=f"record {hidden}"):
+            reader[hidden]

@@ -158,13 +158,13 @@ def test_varstore_block_shards_read_back_through_the_spec_reader(codec, compress
 
 
 @needs_varstore_writer
-def test_varstore_closes_a_block_at_16_kib_and_before_a_record_that_would_pass_it(tmp_path):
-    """§1.7's writer: a block closes when it reaches 16 KiB of decoded bytes and before a record that would take a
+def test_varstore_closes_a_block_at_8_kib_and_before_a_record_that_would_pass_it(tmp_path):
+    """§1.7's writer: a block closes when it reaches 8 KiB of decoded bytes and before a record that would take a
     non-empty block past that, so only a block of one record is larger."""
-    sizes = [100, 16284, 1, 16383, 2, 20000, 0, 0, 5000, 12000, 100]
+    sizes = [100, 8092, 1, 8191, 2, 20000, 0, 0, 5000, 7000, 100]
     with varstore.Writer(tmp_path / "s", "bytes", compression="zstd-blocks") as writer:
         writer.extend(bytes([i]) * size for i, size in enumerate(sizes))
-    assert _block_sizes(str(tmp_path / "s")) == [(16384, 2), (16384, 2), (2, 1), (20000, 1), (5000, 3), (12100, 2)]
+    assert _block_sizes(str(tmp_path / "s")) == [(8192, 2), (8192, 2), (2, 1), (20000, 1), (5000, 3), (7100, 2)]
 
 
 # -- the frozen readers ------------------------------------------------------------------------------------

@@ -59,7 +59,7 @@ def _records(name: str) -> tuple[str, dict[str, Any], list[Any], str]:
         generator = np.random.default_rng(7)
         return "ndarray", {"dtype": "<u2"}, [generator.integers(0, 50, 30 + index % 11).astype("<u2") for index in range(400)], "zstd-dict"
     if name == "zstd-blocks-bytes-empty-records":
-        # blocks: 5 records (3 empty), a record over the 16 KiB target alone, 3 empty records alone, another alone, 2
+        # blocks: 5 records (3 empty), a record over the 8 KiB target alone, 3 empty records alone, another alone, 2
         large, larger = bytes(range(256)) * 80, bytes(range(255, -1, -1)) * 67
         return "bytes", {}, [b"", b"x", b"", bytes(range(256)) * 4, b"", large, b"", b"", b"", larger, b"small", b""], "zstd-blocks"
     if name == "zstd-blocks-msgpack-rows":

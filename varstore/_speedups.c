@@ -1535,6 +1535,203 @@ static PyTypeObject FrameSlicerType = {
     .tp_methods = frames_methods,
 };
 
+/* ---- compressed blocks: single reads of a 3.x shard's bytes and str records ------------ */
+
+/* One 3.x shard's single reads (spec/FORMAT.md §1.7): the record's block found by the spec's bisect and checked,
+   its stored frame checked against its CRC32C and frame header, decoded by the owning thread's zstd context and
+   kept for the next read of the same block; every decline (None) sends the read to the Python path, which words
+   the error. Reads from any thread but the one that made the slicer decline too. */
+typedef struct {
+    PyObject_HEAD
+    Py_buffer offsets;          /* N + 1 u64, decoded space */
+    Py_buffer block_offsets;    /* B + 1 u64, stored */
+    Py_buffer block_records;    /* B + 1 u64 */
+    Py_buffer block_checksums;  /* B u32 */
+    Py_buffer data;
+    Py_ssize_t count;           /* N */
+    Py_ssize_t blocks;          /* B */
+    uint64_t dictionary_id;
+    PyObject *decompress;
+    PyObject *kept;             /* the block decoded last (bytes), or NULL */
+    Py_ssize_t kept_number;
+    unsigned long owner;
+    int as_str;
+    int holding;
+} BlockSlicer;
+
+static void block_slicer_release(BlockSlicer *self)
+{
+    if (self->holding) {
+        self->holding = 0;
+        PyBuffer_Release(&self->offsets);
+        PyBuffer_Release(&self->block_offsets);
+        PyBuffer_Release(&self->block_records);
+        PyBuffer_Release(&self->block_checksums);
+        PyBuffer_Release(&self->data);
+    }
+    Py_CLEAR(self->decompress);
+    Py_CLEAR(self->kept);
+    self->kept_number = -1;
+}
+
+static int block_slicer_init(BlockSlicer *self, PyObject *args, PyObject *kwargs)
+{
+    PyObject *views[5], *decompress;
+    unsigned long long dictionary_id;
+    int as_str;
+    static char *names[] = {"offsets", "block_offsets", "block_records", "block_checksums", "data", "as_str",
+                            "dictionary_id", "decompress", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOpKO", names, &views[0], &views[1], &views[2], &views[3],
+                                     &views[4], &as_str, &dictionary_id, &decompress))
+        return -1;
+    block_slicer_release(self);
+    if (!PyCallable_Check(decompress)) {
+        PyErr_SetString(PyExc_TypeError, "decompress must be callable");
+        return -1;
+    }
+    Py_buffer *buffers[5] = {&self->offsets, &self->block_offsets, &self->block_records, &self->block_checksums, &self->data};
+    for (int k = 0; k < 5; k++)
+        if (PyObject_GetBuffer(views[k], buffers[k], PyBUF_SIMPLE) < 0) {
+            while (k-- > 0)
+                PyBuffer_Release(buffers[k]);
+            return -1;
+        }
+    Py_ssize_t count = self->offsets.len / 8 - 1, blocks = self->block_offsets.len / 8 - 1;
+    if (count < 0 || blocks < 0 || self->offsets.len % 8 || self->block_offsets.len % 8
+        || self->block_records.len != self->block_offsets.len || self->block_checksums.len != 4 * blocks) {
+        for (int k = 0; k < 5; k++)
+            PyBuffer_Release(buffers[k]);
+        PyErr_SetString(PyExc_ValueError, "offsets, block_offsets, block_records and block_checksums do not agree in size");
+        return -1;
+    }
+    self->count = count;
+    self->blocks = blocks;
+    self->dictionary_id = dictionary_id;
+    self->decompress = Py_NewRef(decompress);
+    self->kept = NULL;
+    self->kept_number = -1;
+    self->owner = PyThread_get_thread_ident();
+    self->as_str = as_str;
+    self->holding = 1;
+    return 0;
+}
+
+static void block_slicer_dealloc(BlockSlicer *self)
+{
+    block_slicer_release(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static inline uint64_t entry(const Py_buffer *table, Py_ssize_t k)
+{
+    return load_le64((const uint8_t *)table->buf + 8 * k);
+}
+
+/* The decoded bytes of block `number`, checked (CRC32C, frame header, decoded size) and kept; NULL without an
+   error set to decline, with one set if Python failed (memory). */
+static PyObject *decoded_block(BlockSlicer *self, Py_ssize_t number, uint64_t start, uint64_t end, uint64_t size)
+{
+    if (number == self->kept_number && self->kept != NULL)
+        return Py_NewRef(self->kept);
+    const uint8_t *frame = (const uint8_t *)self->data.buf + start;
+    uint32_t expected = (uint32_t)load_le((const uint8_t *)self->block_checksums.buf + 4 * number, 4);
+    if (~crc_update(0xFFFFFFFFu, frame, (size_t)(end - start)) != expected
+        || !frame_check_passes(frame, end - start, size, self->dictionary_id))
+        return NULL;
+    PyObject *stored = PyBytes_FromStringAndSize((const char *)frame, (Py_ssize_t)(end - start));
+    PyObject *size_object = stored ? PyLong_FromUnsignedLongLong(size) : NULL;
+    PyObject *decoded = size_object ? PyObject_CallFunctionObjArgs(self->decompress, stored, size_object, NULL) : NULL;
+    Py_XDECREF(stored);
+    Py_XDECREF(size_object);
+    if (decoded == NULL || !PyBytes_CheckExact(decoded) || (uint64_t)PyBytes_GET_SIZE(decoded) != size) {
+        if (decoded == NULL && PyErr_ExceptionMatches(PyExc_MemoryError))
+            return NULL;
+        PyErr_Clear();
+        Py_XDECREF(decoded);
+        return NULL;
+    }
+    Py_XSETREF(self->kept, Py_NewRef(decoded));
+    self->kept_number = number;
+    return decoded;
+}
+
+static PyObject *block_slicer_get(BlockSlicer *self, PyObject *index)
+{
+    if (!self->holding || !PyLong_CheckExact(index) || PyThread_get_thread_ident() != self->owner)
+        Py_RETURN_NONE;
+    Py_ssize_t position = PyLong_AsSsize_t(index);
+    if (position == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    if (position < 0)
+        position += self->count;
+    if (position < 0 || position >= self->count)
+        Py_RETURN_NONE;
+    Py_ssize_t low = 0, high = self->blocks + 1;  /* bisect_right over all B + 1 entries, as §1.7 spells it out */
+    while (low < high) {
+        Py_ssize_t middle = (low + high) / 2;
+        if ((uint64_t)position < entry(&self->block_records, middle))
+            high = middle;
+        else
+            low = middle + 1;
+    }
+    Py_ssize_t number = low - 1;
+    if (number < 0 || number >= self->blocks)
+        Py_RETURN_NONE;
+    uint64_t first = entry(&self->block_records, number), last = entry(&self->block_records, number + 1);
+    uint64_t start = entry(&self->block_offsets, number), end = entry(&self->block_offsets, number + 1);
+    if (!(first <= (uint64_t)position && (uint64_t)position < last && last <= (uint64_t)self->count)
+        || !(start <= end && end <= (uint64_t)self->data.len))
+        Py_RETURN_NONE;
+    uint64_t base = entry(&self->offsets, (Py_ssize_t)first), top = entry(&self->offsets, (Py_ssize_t)last);
+    uint64_t record_start = entry(&self->offsets, position), record_end = entry(&self->offsets, position + 1);
+    if (!(base <= record_start && record_start <= record_end && record_end <= top) || top - base > 0xFFFFFFFFu)
+        Py_RETURN_NONE;
+    PyObject *block = decoded_block(self, number, start, end, top - base);
+    if (block == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    const char *bytes = PyBytes_AS_STRING(block) + (record_start - base);
+    Py_ssize_t length = (Py_ssize_t)(record_end - record_start);
+    PyObject *record = self->as_str ? PyUnicode_DecodeUTF8(bytes, length, "strict") : PyBytes_FromStringAndSize(bytes, length);
+    Py_DECREF(block);
+    if (record == NULL && self->as_str && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    return record;
+}
+
+static PyObject *block_slicer_release_method(BlockSlicer *self, PyObject *unused)
+{
+    block_slicer_release(self);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef block_slicer_methods[] = {
+    {"get", (PyCFunction)block_slicer_get, METH_O,
+     "Record `index` decoded, or None if it is out of range, its block or offsets unsound, its block's CRC32C or "
+     "frame wrong, its decoding failed, (str) its bytes are not UTF-8, or this is not the thread that made the slicer."},
+    {"release", (PyCFunction)block_slicer_release_method, METH_NOARGS, "Let go of the maps and the kept block."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject BlockSlicerType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "varstore._speedups.BlockSlicer",
+    .tp_basicsize = sizeof(BlockSlicer),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "BlockSlicer(offsets, block_offsets, block_records, block_checksums, data, as_str, dictionary_id, "
+              "decompress): single reads of a 3.x shard's bytes or str records.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)block_slicer_init,
+    .tp_dealloc = (destructor)block_slicer_dealloc,
+    .tp_methods = block_slicer_methods,
+};
+
 /* ---- the module ------------------------------------------------------------------------ */
 
 static PyObject *software_crc32c(PyObject *module, PyObject *argument)
@@ -1597,13 +1794,15 @@ PyMODINIT_FUNC PyInit__speedups(void)
                                  && multiply_hardware(0xFFFFFFFFu, 0x80000001u) == multiply_software(0xFFFFFFFFu, 0x80000001u);
     }
 #endif
-    if (PyType_Ready(&RecordSlicerType) < 0 || PyType_Ready(&FrameSlicerType) < 0)
+    if (PyType_Ready(&RecordSlicerType) < 0 || PyType_Ready(&FrameSlicerType) < 0
+        || PyType_Ready(&BlockSlicerType) < 0)
         return NULL;
     PyObject *module = PyModule_Create(&speedups_module);
     if (module == NULL)
         return NULL;
     if (PyModule_AddObjectRef(module, "RecordSlicer", (PyObject *)&RecordSlicerType) < 0
         || PyModule_AddObjectRef(module, "FrameSlicer", (PyObject *)&FrameSlicerType) < 0
+        || PyModule_AddObjectRef(module, "BlockSlicer", (PyObject *)&BlockSlicerType) < 0
         || PyModule_AddIntConstant(module, "HARDWARE_CRC32C", crc_update != crc_software) < 0) {
         Py_DECREF(module);
         return NULL;

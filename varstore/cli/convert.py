@@ -149,7 +149,7 @@ def add_parser(commands: Any) -> None:
                         help="jsonl, text, folder: refuse a line or file longer than SIZE (default 64M)")
     parser.add_argument("--compression", choices=("none", *CHOICES), default="none",
                         help="store each record as a zstd frame: zstd, zstd-dict (with a dictionary trained on each "
-                        "shard's first records); or blocks of ~16 KiB of records as one frame each, for small records: "
+                        "shard's first records); or blocks of ~8 KiB of records as one frame each, for small records: "
                         "zstd-blocks, zstd-dict-blocks; or auto (measured on those records); needs the zstd extra "
                         "(default none)")
     parser.add_argument("--compression-level", type=positive_int, metavar="N",

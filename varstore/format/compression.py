@@ -64,7 +64,7 @@ WORTHWHILE_RATIO = 0.9
 DICTIONARY_GAIN = 0.9  # ... and the dictionary when it gives at most this fraction of plain zstd's size
 # auto measures blocks (§1.7) when the sample's records average under this, and chooses them when they store at most
 # BLOCKS_GAIN of the per-record choice: a random read of a block decodes the whole block, which only small records
-# repay (docs/compression.md, "Measured": 16 KiB blocks of ~225 B and ~1.1 KB records store 0.65-0.70x per-record frames).
+# repay (8 KiB blocks of ~225 B and ~1.1 KB records, with a dictionary, store 0.57x and 0.83x per-record frames).
 BLOCKS_UNDER = 2 << 10
 BLOCKS_GAIN = 0.9
 
@@ -255,18 +255,30 @@ class Decompressor:
         self._local = threading.local()
 
     def _context(self) -> Any:
-        """This thread's zstd context, made on its first use."""
+        """This thread's zstd context, made on its first use; ValueError if zstd cannot load the dictionary (§1.6:
+        found when a frame is decoded with it, so every read of the shard fails)."""
         try:
             return self._local.context
         except AttributeError:
             options: dict[str, Any] = {"dict_data": self._parsed} if self._parsed is not None else {}
-            context = self._local.context = self._module.ZstdDecompressor(max_window_size=MAX_WINDOW_SIZE, **options)
+            try:
+                context = self._local.context = self._module.ZstdDecompressor(max_window_size=MAX_WINDOW_SIZE, **options)
+            except self._module.ZstdError as error:
+                raise ValueError(f"the shard's dictionary is no zstd dictionary that zstd can load: {error}") from None
             return context
 
     def thread_decompress(self) -> Any:
         """This thread's zstd context's ``decompress(frame, max_output_size)``, unchecked: for a caller that
-        checked the frame itself (the C extension's `FrameSlicer`) and keeps to this thread."""
-        return self._context().decompress
+        checked the frame itself (the C extension's `FrameSlicer`, `BlockSlicer`) and keeps to this thread. Without
+        a context (a dictionary zstd cannot load) a function that raises `_context`'s ValueError: the caller
+        declines to the path that refuses the read by record."""
+        try:
+            return self._context().decompress
+        except ValueError as error:
+            def refuse(frame: Any, size: int) -> bytes:
+                raise ValueError(str(error))
+
+            return refuse
 
     def decompress(self, data: Any, start: int, end: int, size: int) -> bytes:
         """The frame data[start:end], checked before `size` bytes are allocated for it: by the C extension's

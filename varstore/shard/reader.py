@@ -220,16 +220,17 @@ def pack_flat(index: ShardIndex, indices: np.ndarray, starts: np.ndarray, ends: 
 def record_slicer(index: ShardIndex, data_map: Any) -> Any:
     """The C extension's reads of `index`'s ``bytes`` and ``str`` records from `data_map` (the whole data file),
     which decline (None) whenever a record needs the Python path's checks or error; None without the extension
-    and for other codecs. A compressed (2.x) shard's are `FrameSlicer`'s, which decodes in this thread only; a 3.x
-    shard's blocks have none."""
-    if speedups is None or index.codec.name not in ("bytes", "str") or index.blocks is not None:
+    and for other codecs. A compressed shard's are `FrameSlicer`'s (2.x) or `BlockSlicer`'s (3.x), which decode
+    in this thread only."""
+    if speedups is None or index.codec.name not in ("bytes", "str"):
         return None
     as_str = index.codec.name == "str"
-    if index.decompressor is None:
+    blocks, decompressor = index.blocks, index.decompressor
+    if blocks is not None:
+        return speedups.BlockSlicer(blocks.offsets, blocks.block_offsets, blocks.block_records, blocks.block_checksums,
+                                    data_map, as_str, blocks.decompressor.dictionary_id, blocks.decompressor.thread_decompress())
+    if decompressor is None:
         return speedups.RecordSlicer(index.map, index.header.offsets_start, index.count, data_map, as_str)
-    if index.header.major_version != 2:
-        return None
-    decompressor = index.decompressor
     return speedups.FrameSlicer(index.map, index.header.offsets_start, index.count, index.sizes, data_map, as_str,
                                 decompressor.dictionary_id, decompressor.thread_decompress())
 
