@@ -5,8 +5,10 @@ corpus and peer: stored size ÷ raw, write MB/s (raw bytes per second, fsync inc
 it), warm random read µs, batch read µs per record (256 random indices), cold random read µs and KB read from
 disk per record (the files dropped from the page cache with ``posix_fadvise(DONTNEED)`` first, the growth of
 their page-cache residency counted as what was read), and verify MB/s (raw bytes per second; only varstore
-verifies). Each peer runs in fresh subprocesses (one for write and warm reads, one for cold reads), peers one
-after another on the same records. Sets up ``.venv-bench`` if needed and re-runs itself there. Writes
+verifies); for each compressed varstore shard also the floor of its warm reads, python-zstandard's own
+``decompress`` of the frames those reads decode, timed in the same process in rounds alternating with them. Each
+peer runs in fresh subprocesses (one for write and warm reads, one for cold reads), peers one after another on
+the same records. Sets up ``.venv-bench`` if needed and re-runs itself there. Writes
 ``compression.json`` and ``compression.md`` to DIR (default ``bench-out/``) and, for a run of every peer and
 corpus, to ``tools/bench/results/`` too.
 """
@@ -23,7 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -90,7 +92,8 @@ def _indices(count: int, how_many: int, stream: int) -> np.ndarray:
 
 
 def step_warm(peer: Any, records: list[bytes], directory: str) -> dict[str, Any]:
-    """Write (timed), stored bytes, a read-back check, then warm single and batch reads and verification."""
+    """Write (timed), stored bytes, a read-back check, then warm single reads (and for a compressed varstore shard
+    their floor, timed in alternating rounds with them), batch reads and verification."""
     from bench import measure
 
     raw = sum(map(len, records))
@@ -107,21 +110,52 @@ def step_warm(peer: Any, records: list[bytes], directory: str) -> dict[str, Any]
     if len(store) != len(records) or any(bytes(store.get(index)) != records[index] for index in checked):
         raise AssertionError(f"{peer.name} does not read back the records it stored")
     singles = _indices(len(records), SINGLE_READS, 2).tolist()
-    measure.run_bounded(store.get, singles, BUDGET)
-    figures["warm_read_us"] = measure.seconds_per_item(store.get, singles, BUDGET) * 1e6
+    reads = [(store.get, singles)]
+    if hasattr(store, "reader"):  # varstore: what the writer chose
+        figures.update(_chosen(store.reader.header))
+        if figures["chosen"] != "none":
+            reads.append(_read_floor(store, records, singles))
+    for operation, items in reads:
+        measure.run_bounded(operation, items, BUDGET)
+    figures.update(zip(("warm_read_us", "zstd_decode_us"), (seconds * 1e6 for seconds in _best_alternating(reads))))
     batches = [_indices(len(records), BATCH, 3 + number) for number in range(BATCHES)]
     figures["batch_read_us"] = measure.seconds_per_item(store.get_batch, batches, BUDGET) * 1e6 / BATCH
     checked_bytes, seconds = measure.timed(store.verify)
     if checked_bytes is not None:
         figures["verify_mb_s"] = raw / seconds / MB
-    if hasattr(store, "reader"):  # varstore: what the writer chose
-        from varstore.format.compression import NAMES
-
-        header = store.reader.header
-        figures["chosen"] = NAMES[header.compression]
-        figures["dictionary_bytes"] = header.dictionary_size
     store.close()
     return figures
+
+
+def _chosen(header: Any) -> dict[str, Any]:
+    """What a varstore writer chose for the shard whose index header is `header`."""
+    from varstore.format.compression import NAMES
+
+    return {"chosen": NAMES[header.compression], "dictionary_bytes": header.dictionary_size, "blocks": header.block_count}
+
+
+def _read_floor(store: Any, records: list[bytes], singles: list[int]) -> tuple[Callable[[bytes], bytes], list[bytes]]:
+    """The floor of a compressed varstore shard's reads of `singles`: python-zstandard's ``decompress`` and the
+    frame each read decodes, after checking that the first frame holds its record."""
+    from bench.peers.compressed import bare_decoding
+
+    decompress, frames = bare_decoding(store, singles)
+    if records[singles[0]] not in decompress(frames[0]):
+        raise AssertionError(f"record {singles[0]} is not in the frame bare_decoding found for it")
+    return decompress, frames
+
+
+def _best_alternating(operations: list[tuple[Callable[[Any], Any], list[Any]]]) -> list[float]:
+    """Each operation's best mean seconds per item over its items, in `measure.REPEATS` rounds that run every
+    operation once each, so a change in the machine's load touches them alike."""
+    from bench import measure
+
+    best = [float("inf")] * len(operations)
+    for _ in range(measure.REPEATS):
+        for number, (operation, items) in enumerate(operations):
+            done, seconds = measure.run_bounded(operation, items, BUDGET)
+            best[number] = min(best[number], seconds / done)
+    return best
 
 
 def step_cold(peer: Any, records: list[bytes], directory: str) -> dict[str, Any]:
@@ -199,7 +233,7 @@ def main() -> int:
         records = corpora.CORPORA[name]()
         _save_corpus(records, _corpus_path(out, name))
         results["corpora"][name] = {"records": len(records), "raw_bytes": sum(map(len, records)),
-                                    "description": corpora.CORPORA[name].__doc__.split("\n\n")[0].strip()}
+                                    "description": " ".join(corpora.CORPORA[name].__doc__.split("\n\n")[0].split())}
     for peer in peers:
         for name in names:
             figures = _subprocess(out, "warm", peer, name)

@@ -1,7 +1,9 @@
 """The compression benchmark's peers (tools/bench/compression.py): each stores a corpus of byte records with the
 library's own compression, and reads records back by index.
 
-- varstore with each ``compression`` (none, ``zstd``, ``zstd-dict``, ``auto``) at level 3, one shard;
+- varstore with each ``compression`` (none, ``zstd``, ``zstd-dict``, ``zstd-blocks``, ``zstd-dict-blocks``,
+  ``auto``) at level 3, one shard; for each compressed shard, the floor of its reads: python-zstandard's own
+  ``decompress`` of the frame a record is read from (`bare_decoding`);
 - MDS with zstd shards (``MDSWriter(compression="zstd:3")``, its default 64 MiB shards);
 - litdata with zstd chunks (``optimize(compression="zstd")``, its default level, 64 MB chunks);
 - ArrayRecord, zstd level 3, with groups of 1 record (one frame per record) and of 65,536 (the C++ writer's
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -59,6 +61,29 @@ class VarstoreCompressed(CompressedPeer):
 
     def open_records(self, directory: str) -> Store:
         return VarstoreStore(directory, None)
+
+
+def bare_decoding(store: VarstoreStore, indices: list[int]) -> tuple[Callable[[bytes], bytes], list[bytes]]:
+    """What python-zstandard alone does for a compressed varstore shard's reads of `indices`: its ``decompress``
+    (one context, the shard's dictionary loaded once) and, as bytes copied out of the data file, the stored frame
+    each read decodes: the record's own (format 2.x) or its block's (3.x, spec §1.7)."""
+    import zstandard
+
+    reader = store.reader
+    header = reader.header
+    blocks = reader._blocks  # the reader's parsed index: the bench reads where its frames are, not how it checks them
+    if blocks is None:
+        numbers, bounds = np.asarray(indices, np.int64), reader._offsets
+    else:
+        numbers = np.searchsorted(blocks.block_records, np.asarray(indices, np.uint64), "right") - 1
+        bounds = blocks.block_offsets
+    data = reader._data_map
+    frames = [data[int(bounds[number]) : int(bounds[number + 1])] for number in numbers.tolist()]
+    options: dict[str, Any] = {}
+    if header.dictionary_size:
+        dictionary = reader._index_map[header.dictionary_start : header.dictionary_start + header.dictionary_size]
+        options["dict_data"] = zstandard.ZstdCompressionDict(dictionary, dict_type=zstandard.DICT_TYPE_FULLDICT)
+    return zstandard.ZstdDecompressor(**options).decompress, frames
 
 
 class _ListStore(Store):
@@ -194,6 +219,7 @@ class Lance(CompressedPeer):
 
 
 PEERS: dict[str, CompressedPeer] = {peer.name: peer for peer in (
-    VarstoreCompressed(None), VarstoreCompressed("zstd"), VarstoreCompressed("zstd-dict"), VarstoreCompressed("auto"),
+    VarstoreCompressed(None), VarstoreCompressed("zstd"), VarstoreCompressed("zstd-dict"),
+    VarstoreCompressed("zstd-blocks"), VarstoreCompressed("zstd-dict-blocks"), VarstoreCompressed("auto"),
     MDSZstd(), LitdataZstd(), ArrayRecord(1), ArrayRecord(65536), Bagz(), Lance("2.1"), Lance("2.0"),
 )}
