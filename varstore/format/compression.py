@@ -67,6 +67,9 @@ DICTIONARY_GAIN = 0.9  # ... and the dictionary when it gives at most this fract
 # repay (8 KiB blocks of ~225 B and ~1.1 KB records, with a dictionary, store 0.57x and 0.83x per-record frames).
 BLOCKS_UNDER = 2 << 10
 BLOCKS_GAIN = 0.9
+# ... and, over records stored raw, at most this of their size: a block read decodes ~8 KiB where a raw read is a
+# slice, which a tenth saved does not repay (the PNG/JPEG icons of tools/bench stored 0.90 of raw in blocks).
+BLOCKS_OVER_RAW = 0.75
 
 
 def zstandard() -> Any:
@@ -275,8 +278,10 @@ class Decompressor:
         try:
             return self._context().decompress
         except ValueError as error:
+            reason = str(error)
+
             def refuse(frame: Any, size: int) -> bytes:
-                raise ValueError(str(error))
+                raise ValueError(reason)
 
             return refuse
 
@@ -395,7 +400,7 @@ def choose(requested: str, samples: Sequence[bytes], level: int) -> Choice:
     when the sample is too small to train one); ``auto`` also measures: raw when zstd saves less than a tenth
     (tokens, JPEGs), the dictionary when it saves a tenth of plain zstd's size, else plain zstd; and for records
     averaging under `BLOCKS_UNDER`, blocks (with or without the dictionary, by the same rule) when they store at
-    most `BLOCKS_GAIN` of that choice. The sample's ratios are recorded in the metadata.
+    most `BLOCKS_GAIN` of that choice (`BLOCKS_OVER_RAW` of a raw one). The sample's ratios are recorded in the metadata.
     """
     raw = sum(map(len, samples))
     dictionary_level = min(MAX_LEVEL, level + DICTIONARY_LEVEL_BONUS)
@@ -415,7 +420,8 @@ def choose(requested: str, samples: Sequence[bytes], level: int) -> Choice:
         choice = _better(ZSTD, ratios, dictionary, level, dictionary_level, measured)
     if "zstd-blocks" in ratios:
         in_blocks = _better(ZSTD_BLOCKS, ratios, dictionary, level, dictionary_level, measured)
-        if ratios[NAMES[in_blocks.compression]] <= BLOCKS_GAIN * ratios.get(NAMES[choice.compression], 1.0):
+        gain = BLOCKS_OVER_RAW if choice.compression == NONE else BLOCKS_GAIN
+        if ratios[NAMES[in_blocks.compression]] <= gain * ratios.get(NAMES[choice.compression], 1.0):
             return in_blocks
     return choice
 
