@@ -1383,6 +1383,36 @@ static PyObject *frame_passes(PyObject *module, PyObject *const *args, Py_ssize_
     return PyBool_FromLong(passes);
 }
 
+/* ---- compressed records: what both slicers below share -------------------------------- */
+
+/* decompress(frame, size) over the `length` stored bytes at `frame`: exactly `size` decoded bytes; NULL without an
+   error set to decline (the call failed or returned anything else), NULL with one set on a memory error. */
+static PyObject *call_decompress(PyObject *decompress, const uint8_t *frame, uint64_t length, uint64_t size)
+{
+    PyObject *stored = PyBytes_FromStringAndSize((const char *)frame, (Py_ssize_t)length);
+    PyObject *size_object = stored ? PyLong_FromUnsignedLongLong(size) : NULL;
+    PyObject *decoded = size_object ? PyObject_CallFunctionObjArgs(decompress, stored, size_object, NULL) : NULL;
+    Py_XDECREF(stored);
+    Py_XDECREF(size_object);
+    if (decoded != NULL && PyBytes_CheckExact(decoded) && (uint64_t)PyBytes_GET_SIZE(decoded) == size)
+        return decoded;
+    Py_XDECREF(decoded);
+    if (!PyErr_Occurred() || !PyErr_ExceptionMatches(PyExc_MemoryError))
+        PyErr_Clear();
+    return NULL;
+}
+
+/* The `length` bytes at `bytes` as a record: bytes, or (as_str) str; NULL without an error set when not UTF-8. */
+static PyObject *record_object(const char *bytes, Py_ssize_t length, int as_str)
+{
+    if (!as_str)
+        return PyBytes_FromStringAndSize(bytes, length);
+    PyObject *text = PyUnicode_DecodeUTF8(bytes, length, "strict");
+    if (text == NULL && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+        PyErr_Clear();
+    return text;
+}
+
 /* ---- compressed records: the frame read of a 2.x shard's bytes and str records --------- */
 
 /* One 2.x shard's single reads: bounds, the frame check, then the owning thread's zstd context, called through its
@@ -1483,28 +1513,18 @@ static PyObject *frames_get(FrameSlicer *self, PyObject *index)
     if (start > end || end > (uint64_t)self->data.len
         || !frame_check_passes((const uint8_t *)self->data.buf + start, end - start, size, self->dictionary_id))
         Py_RETURN_NONE;
-    PyObject *frame = PyBytes_FromStringAndSize((const char *)self->data.buf + start, (Py_ssize_t)(end - start));
-    if (frame == NULL)
-        return NULL;
-    PyObject *size_object = PyLong_FromUnsignedLong(size);
-    PyObject *payload = size_object ? PyObject_CallFunctionObjArgs(self->decompress, frame, size_object, NULL) : NULL;
-    Py_DECREF(frame);
-    Py_XDECREF(size_object);
-    if (payload == NULL || !PyBytes_CheckExact(payload) || PyBytes_GET_SIZE(payload) != (Py_ssize_t)size) {
-        if (payload == NULL && PyErr_ExceptionMatches(PyExc_MemoryError))
+    PyObject *payload = call_decompress(self->decompress, (const uint8_t *)self->data.buf + start, end - start, size);
+    if (payload == NULL) {
+        if (PyErr_Occurred())
             return NULL;
-        PyErr_Clear();
-        Py_XDECREF(payload);
         Py_RETURN_NONE;
     }
     if (!self->as_str)
         return payload;
-    PyObject *text = PyUnicode_DecodeUTF8(PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload), "strict");
+    PyObject *text = record_object(PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload), 1);
     Py_DECREF(payload);
-    if (text == NULL && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
-        PyErr_Clear();
+    if (text == NULL && !PyErr_Occurred())
         Py_RETURN_NONE;
-    }
     return text;
 }
 
@@ -1638,18 +1658,9 @@ static PyObject *decoded_block(BlockSlicer *self, Py_ssize_t number, uint64_t st
     if (~crc_update(0xFFFFFFFFu, frame, (size_t)(end - start)) != expected
         || !frame_check_passes(frame, end - start, size, self->dictionary_id))
         return NULL;
-    PyObject *stored = PyBytes_FromStringAndSize((const char *)frame, (Py_ssize_t)(end - start));
-    PyObject *size_object = stored ? PyLong_FromUnsignedLongLong(size) : NULL;
-    PyObject *decoded = size_object ? PyObject_CallFunctionObjArgs(self->decompress, stored, size_object, NULL) : NULL;
-    Py_XDECREF(stored);
-    Py_XDECREF(size_object);
-    if (decoded == NULL || !PyBytes_CheckExact(decoded) || (uint64_t)PyBytes_GET_SIZE(decoded) != size) {
-        if (decoded == NULL && PyErr_ExceptionMatches(PyExc_MemoryError))
-            return NULL;
-        PyErr_Clear();
-        Py_XDECREF(decoded);
+    PyObject *decoded = call_decompress(self->decompress, frame, end - start, size);
+    if (decoded == NULL)
         return NULL;
-    }
     Py_XSETREF(self->kept, Py_NewRef(decoded));
     self->kept_number = number;
     return decoded;
@@ -1696,12 +1707,10 @@ static PyObject *block_slicer_get(BlockSlicer *self, PyObject *index)
     }
     const char *bytes = PyBytes_AS_STRING(block) + (record_start - base);
     Py_ssize_t length = (Py_ssize_t)(record_end - record_start);
-    PyObject *record = self->as_str ? PyUnicode_DecodeUTF8(bytes, length, "strict") : PyBytes_FromStringAndSize(bytes, length);
+    PyObject *record = record_object(bytes, length, self->as_str);
     Py_DECREF(block);
-    if (record == NULL && self->as_str && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
-        PyErr_Clear();
+    if (record == NULL && !PyErr_Occurred())
         Py_RETURN_NONE;
-    }
     return record;
 }
 
