@@ -316,15 +316,20 @@ class ShardBlocks:
     def _records_a_read_refuses(self, read_data: Callable[[int, int], Any], faults: Callable[[Any, np.ndarray], list[int]]) -> list[int]:
         """Every record a read refuses, each read as a read reads it (its block found by the spec's bisect): for a
         shard whose offsets or block table are out of order, where no block can be taken to hold its records."""
-        refused = []
+        refused, damaged = [], -1  # damaged: the block whose frame a read refused last, refused again without a check
         for index in range(self.record_count):
             try:
                 block = self.block_of(index)
-                if self._last[0] == block.number:
-                    decoded = self._last[1]
+                if block.number == damaged:
+                    refused.append(index)
+                    continue
+                last = self._last  # one read of the tuple: another thread may replace it
+                if last[0] == block.number:
+                    decoded = last[1]
                 else:
-                    length = block.end - block.start
+                    damaged, length = block.number, block.end - block.start
                     decoded = self.decode(block.number, read_data(block.start, length), 0, length, block.size, [index])
+                    damaged = -1
             except CorruptRecordError:
                 refused.append(index)
                 continue

@@ -10,7 +10,9 @@ Nothing is built per token or per document: a window's place is arithmetic, the
 only table is one int64 per shard, and document starts are found by binary search
 in the shard's offsets, which stay in the memory-mapped index. Windows are read
 from the raw token arrays (`Reader.as_array`), so record checksums are not checked
-on the way: run `verify()` on the dataset once before training on it.
+on the way: run `verify()` on the dataset once before training on it. Compressed
+shards hold no raw tokens: a compressed shard is refused when the dataset is made
+of it, a compressed shard of a dataset when it is first read.
 """
 
 from __future__ import annotations
@@ -24,11 +26,21 @@ from torch.utils.data import Dataset
 
 from ..dataset.reader import ShardedReader
 from ..errors import CorruptRecordError, RecordIndexError, RecordTypeError, VarstoreError
+from ..format.compression import NAMES as COMPRESSION_NAMES
 from ..shard.reader import Reader
 from ..shard.remote_shard import RemoteShard
 from .collate import stored_tensor, tensor_dtype
 from .datasets import OUTPUTS, Output, check_choice, check_keep_dtype
 from .reading import AnyReader, ProcessLocalReader
+
+
+def _check_uncompressed(shard: Reader | RemoteShard) -> None:
+    """Refuse a compressed shard (§1.6, §1.7): a window's place is computed from the stored tokens (the data size,
+    the offsets), which such a shard does not hold."""
+    if shard.header.compression:
+        raise RecordTypeError(
+            f"token windows need uncompressed shards, whose tokens are stored as they are; this one is "
+            f"{COMPRESSION_NAMES[shard.header.compression]}: write the dataset with compression=None", path=shard.path)
 
 
 def _shard_token_counts(reader: AnyReader, itemsize: int) -> list[int]:
@@ -120,6 +132,8 @@ class TokenWindowDataset(Dataset):
         self.document_starts = document_starts
         self.output = output
         self.dtype: np.dtype = reader.dtype
+        if not isinstance(reader, ShardedReader):  # a dataset's shards are checked as they are first read
+            _check_uncompressed(reader)
         counts = np.array(_shard_token_counts(reader, self.dtype.itemsize), np.int64)
         self._token_starts = np.zeros(len(counts) + 1, np.int64)
         np.cumsum(counts, out=self._token_starts[1:])
@@ -143,6 +157,7 @@ class TokenWindowDataset(Dataset):
         """Tokens [local, local + length) of shard `position`, per piece: views of the map for a local
         shard, copies of ranged reads for a remote one."""
         shard = self._shard(position)
+        _check_uncompressed(shard)
         if isinstance(shard, RemoteShard):
             return _remote_pieces(shard, local, length)
         tokens = shard.as_array()
