@@ -247,3 +247,16 @@ def test_array_data_file_that_is_not_whole_rows_is_refused_at_open(tmp_path):
     open(data_path, "wb").write(data)
     with pytest.raises(varstore.FormatError, match="not a whole number of 12-byte rows"):
         varstore.open(tmp_path / "frames")
+
+
+def test_a_negative_index_out_of_range_is_named_as_asked(tmp_path):
+    with varstore.Writer(tmp_path / "s", "bytes") as writer:
+        writer.extend([b"a", b"b"])
+    with varstore.open(tmp_path / "s") as reader:
+        with pytest.raises(varstore.RecordIndexError, match="record -3 is out of range for 2 records"):
+            reader[-3]
+    with varstore.ShardedWriter(tmp_path / "d", "bytes", max_shard_records=1) as writer:
+        writer.extend([b"a", b"b"])
+    with varstore.open(tmp_path / "d") as dataset:
+        with pytest.raises(varstore.RecordIndexError, match="record -3 is out of range for 2 records"):
+            dataset[-3]

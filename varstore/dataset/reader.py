@@ -312,12 +312,13 @@ class ShardedReader(ReaderBase):
 
     def _locate(self, index: int) -> tuple[int, int]:
         count = self._count
+        asked = index
         if index < 0:
             index += count
         if not 0 <= index < count:
             if self._closed:
                 raise ClosedError("the reader is closed", path=self.path)
-            raise RecordIndexError(f"record {index} is out of range for {count} records", path=self.path)
+            raise RecordIndexError(f"record {asked} is out of range for {count} records", path=self.path)
         position = bisect.bisect_right(self._start_list, index) - 1
         return position, index - self._start_list[position]
 

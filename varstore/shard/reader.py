@@ -346,10 +346,10 @@ class Reader(ShardReaderBase):
         if index.__class__ is not int:
             return self._get_other(index)
         count = self._count
+        if not -count <= index < count:
+            raise self._index_error(index)
         if index < 0:
             index += count
-        if not 0 <= index < count:
-            raise self._index_error(index)
         if self._blocks is not None:
             return self._index.read_in_block(index, self._data_map)
         start, end = _PAIR.unpack_from(self._index_map, self._offsets_start + 8 * index)
