@@ -27,7 +27,7 @@ from varstore.errors import CorruptRecordError, MissingFileError
 from varstore.local.locks import directory_lock_path, lock_waiting
 from varstore.remote.filesystems import open_filesystem
 from varstore.torch import RecordDataset, RecordStream, TokenWindowDataset
-from varstore.torch.prefetch import SHARDS_AHEAD, Prefetcher
+from varstore.torch.prefetch import SHARD_FETCHES_AT_ONCE, SHARDS_AHEAD, Prefetcher
 
 # A node cache too small for any dataset here: reads stay ranged (no shard fetched whole) and a shuffled
 # RecordStream reads windows by ranges, the modes of a dataset larger than the cache.
@@ -504,13 +504,13 @@ def test_closing_or_dropping_the_iterator_stops_the_prefetch_thread(tmp_path: An
     stream = RecordStream(url, batch_size=8, shuffle=shuffle, collate_fn=list, cache_dir=str(tmp_path / "cache"), **settings)
     batches = iter(stream)
     next(batches)
-    assert len(_prefetch_threads()) == 1
+    assert len(_prefetch_threads()) == SHARD_FETCHES_AT_ONCE  # the whole-shard fetches in flight at once
     batches.close()
     assert not _prefetch_threads()
 
     batches = iter(stream)
     next(batches)
-    assert len(_prefetch_threads()) == 1
+    assert len(_prefetch_threads()) == SHARD_FETCHES_AT_ONCE  # the whole-shard fetches in flight at once
     del batches
     gc.collect()
     assert not _prefetch_threads()

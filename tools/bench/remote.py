@@ -1,6 +1,7 @@
 """Remote datasets: varstore, MosaicML Streaming, litdata and Lance reading the same records from one S3 bucket.
 
-    python3 tools/bench/remote.py [--scale S] [--out DIR] [--peers a,b] [--workers N] [--latency-ms MS[,MS...]]
+    python3 tools/bench/remote.py [--scale S] [--out DIR] [--peers a,b] [--modes a,b] [--workers N]
+                                  [--latency-ms MS[,MS...]]
 
 Sets up ``.venv-bench`` if needed and re-runs itself there. moto's S3 server runs on 127.0.0.1 behind the
 tests' fault proxy (tests/helpers_fault_proxy.py), which delays every request by each of ``--latency-ms`` in
@@ -117,6 +118,8 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--scale", type=float, default=1.0, help=f"records = {RECORDS} x S")
     parser.add_argument("--out", default=str(ROOT / "bench-out" / "remote"), help="output directory")
     parser.add_argument("--peers", help=f"comma-separated subset of {','.join(REMOTE_PEERS)}")
+    parser.add_argument("--modes", type=_modes, default=list(MODES),
+                        help=f"comma-separated subset of the epochs {','.join(MODES)} (default: all)")
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers (default 2)")
     parser.add_argument("--latency-ms", type=_latencies, default=_latencies(DEFAULT_LATENCIES_MS),
                         help=f"delays added to every request, one run each (default {DEFAULT_LATENCIES_MS})")
@@ -133,6 +136,14 @@ def _latencies(text: str) -> list[float]:
     if any(latency < 0 for latency in latencies):
         raise argparse.ArgumentTypeError(f"a latency cannot be negative: {text!r}")
     return latencies
+
+
+def _modes(text: str) -> list[str]:
+    """`stream,stream-ordered` as the epochs to measure, each one of `MODES`, in `MODES`' order."""
+    chosen = set(text.split(","))
+    if not chosen <= set(MODES):
+        raise argparse.ArgumentTypeError(f"unknown epochs {sorted(chosen - set(MODES))}; choose from {','.join(MODES)}")
+    return [mode for mode in MODES if mode in chosen]
 
 
 def _workload(scale: float) -> Any:
@@ -558,10 +569,11 @@ def measure_ceilings(steps: Steps, servers: list[Server], objects: list[tuple[st
     return ceilings
 
 
-def measure_peer(peer: str, steps: Steps, server: Server, data: Path, tag: str) -> dict[str, Any]:
-    """Each mode of `peer` in a fresh process with an empty cache directory, its traffic counted at the proxy."""
+def measure_peer(peer: str, steps: Steps, server: Server, data: Path, tag: str, chosen: list[str]) -> dict[str, Any]:
+    """Each `chosen` mode of `peer` in a fresh process with an empty cache directory, its traffic counted at the
+    proxy."""
     modes = {}
-    for mode in MODES:
+    for mode in chosen:
         cache_dir = data / f"cache-{peer}-{mode}-{os.getpid()}"
         shutil.rmtree(cache_dir, ignore_errors=True)
         server.proxy.clear_counters()
@@ -728,7 +740,7 @@ def main() -> int:
                 for peer, written in results["peers"].items():
                     if "error" not in written:
                         server = servers[1] if peer in HTTP_PEERS else servers[0]
-                        run["peers"][peer] = measure_peer(peer, steps, server, data, tag)
+                        run["peers"][peer] = measure_peer(peer, steps, server, data, tag, arguments.modes)
                 results["runs"].append(run)
     finally:
         moto.stop()

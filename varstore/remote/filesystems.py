@@ -63,6 +63,7 @@ import re
 import tempfile
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 
@@ -172,7 +173,22 @@ def open_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> 
         raise StorageError(f"no filesystem for {scheme}:// ({error})", path=url) from error
     if scheme in _S3_SCHEMES:
         fs.retries = 1  # s3fs's own retry loop around each request (a class attribute, 5, not an option)
+    _opened_filesystems.add(fs)
     return fs, path
+
+
+def _keep_inherited_filesystems() -> None:
+    """In a forked child, hold every filesystem the parent opened for the child's life. The child opens its own
+    (fsspec drops the parent's from its cache), and the parent's, once collected, would run s3fs's finalizer,
+    which closes its client through the parent's event loop: that loop does not run in the child, and fsspec
+    waits a whole second for it (`sync` waits in steps of 1 s) in whichever thread the garbage collector ran,
+    a DataLoader worker's batch handoff among them. Its sockets are the parent's: the child has nothing to close."""
+    _inherited_filesystems.extend(_opened_filesystems)
+
+
+_opened_filesystems: weakref.WeakSet[Any] = weakref.WeakSet()
+_inherited_filesystems: list[Any] = []
+os.register_at_fork(after_in_child=_keep_inherited_filesystems)
 
 
 def _backend_options(scheme: str, storage_options: dict[str, Any]) -> dict[str, Any]:

@@ -3,14 +3,15 @@
 local reader the records a sampler will yield next, so their pages are read while the training step runs.
 
 A stream knows its batches in advance, so what it will need is a list of jobs in order of use. `Prefetcher`
-runs them in a thread, at most `ahead` beyond those the stream has asked for, and keeps each job's result
-until the stream takes it. A job that fails stops the thread; the stream raises that error itself (the
-same exception object) when it asks for that job or a later one. Closing stops the thread.
+runs them in order in one or more threads, at most `ahead` beyond those the stream has asked for, and keeps
+each job's result until the stream takes it. After a job fails no other starts; the stream raises that error
+itself (the same exception object) when it asks for that job or a later one. Closing stops the threads.
 
-Two jobs lists use it (see `RecordStream`): with ``shuffle=False``, whole shards in order of first use
-(`ShardPrefetcher`, `SHARDS_AHEAD` ahead, each released after its last batch so that the node cache can
-evict it under `cache_limit`); with ``shuffle=True``, the records of the next shuffle window, read by
-ranged requests into memory (one window ahead), never into the node cache.
+Two jobs lists use it (see `RecordStream`): whole shards in order of first use (`ShardPrefetcher`,
+`SHARDS_AHEAD` ahead, `SHARD_FETCHES_AT_ONCE` downloads in flight so that the next shards arrive while the
+current one is served, each released after its last batch so that the node cache can evict it under
+`cache_limit`); with ``shuffle=True`` over a dataset larger than the node cache, the records of the next
+shuffle window, read by ranged requests into memory (one window ahead, one thread), never into the node cache.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-# How many shards the thread fetches beyond those the stream has started reading: one being downloaded
+# How many shards the threads fetch beyond those the stream has started reading: one being downloaded
 # while the stream finishes the current one, and one more to absorb an uneven download.
 SHARDS_AHEAD = 2
+# Shard downloads in flight at once: the one the batches wait for and those ahead of it.
+SHARD_FETCHES_AT_ONCE = SHARDS_AHEAD + 1
 THREAD_NAME = "varstore-prefetch"
 # Pieces of indices `LookAhead` holds unadvised at most: with the sampler's piece in use, what it hands out is at
 # most this many pieces ahead of what it has yielded.
@@ -32,41 +35,55 @@ PIECES_AHEAD = 2
 
 
 class Prefetcher:
-    """Runs `jobs` in order in a thread, at most `ahead` beyond the first `count` that `wait(count)` asked for.
+    """Runs `jobs` in order in `threads` threads, none beyond the first `count` that `wait(count)` asked for plus
+    `ahead`.
 
     Call `wait(count)` before using the results of jobs [0, count) (counts never decrease), `take(number)`
-    for job `number`'s result (once), and `close` to stop the thread (after the job in progress).
+    for job `number`'s result (once), and `close` to stop the threads (after the jobs in progress). Jobs start
+    in order; after a job fails none starts, and `wait` raises the error of the first failed job it covers.
     """
 
-    def __init__(self, jobs: Sequence[Callable[[], Any]], ahead: int) -> None:
+    def __init__(self, jobs: Sequence[Callable[[], Any]], ahead: int, threads: int = 1) -> None:
         self._jobs = jobs
         self._ahead = ahead
         self._condition = threading.Condition()
         self._asked = 0  # jobs the stream has asked for
+        self._started = 0  # jobs taken by a thread, all of them in order
+        self._finished: set[int] = set()
         self._done = 0  # jobs finished, all of them in order
         self._results: dict[int, Any] = {}
-        self._error: BaseException | None = None
+        self._errors: dict[int, BaseException] = {}
         self._stopping = False
-        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
-        self._thread.start()
+        count = max(1, min(threads, len(jobs)))
+        self._threads = [threading.Thread(target=self._run, name=THREAD_NAME, daemon=True) for _ in range(count)]
+        for thread in self._threads:
+            thread.start()
+
+    def _next_job(self) -> int | None:
+        """The number of the next job to run, once the stream's asks allow it; None when there is none to run."""
+        with self._condition:
+            self._condition.wait_for(lambda: self._stopping or self._started < self._asked + self._ahead)
+            if self._stopping or self._errors or self._started == len(self._jobs):
+                return None
+            self._started += 1
+            return self._started - 1
 
     def _run(self) -> None:
-        for number, job in enumerate(self._jobs):
-            with self._condition:
-                self._condition.wait_for(lambda: self._stopping or number < self._asked + self._ahead)
-                if self._stopping:
-                    return
+        while (number := self._next_job()) is not None:
             try:
-                result = job()
+                result = self._jobs[number]()
             except BaseException as error:  # handed to the stream, which raises it
                 with self._condition:
-                    self._error = error
+                    self._errors[number] = error
                     self._condition.notify_all()
                 return
             with self._condition:
                 if result is not None:  # a shard fetch returns nothing to keep
                     self._results[number] = result
-                self._done = number + 1
+                self._finished.add(number)
+                while self._done in self._finished:
+                    self._finished.remove(self._done)
+                    self._done += 1
                 self._condition.notify_all()
 
     def wait(self, count: int) -> None:
@@ -75,9 +92,9 @@ class Prefetcher:
             if count > self._asked:
                 self._asked = count
                 self._condition.notify_all()
-            self._condition.wait_for(lambda: self._done >= count or self._error is not None)
+            self._condition.wait_for(lambda: self._done >= count or self._done in self._errors)
             if self._done < count:
-                raise self._error  # type: ignore[misc]
+                raise self._errors[self._done]
 
     def take(self, number: int) -> Any:
         """The result of job `number` (after `wait(number + 1)`), which the prefetcher no longer holds."""
@@ -85,11 +102,12 @@ class Prefetcher:
             return self._results.pop(number, None)
 
     def close(self) -> None:
-        """Stop the thread: at once if it is waiting, else after the job in progress."""
+        """Stop the threads: at once if they are waiting, else after the jobs in progress."""
         with self._condition:
             self._stopping = True
             self._condition.notify_all()
-        self._thread.join()
+        for thread in self._threads:
+            thread.join()
 
 
 class ShardSchedule(NamedTuple):
@@ -116,7 +134,7 @@ class ShardPrefetcher:
             self._releases.setdefault(int(schedule.last_batch[position]), []).append(position)
         self._release = release
         jobs = [lambda position=position: fetch(position) for position in by_first_use.tolist()]
-        self._prefetcher = Prefetcher(jobs, SHARDS_AHEAD)
+        self._prefetcher = Prefetcher(jobs, SHARDS_AHEAD, SHARD_FETCHES_AT_ONCE)
 
     def before_batch(self, batch: int) -> None:
         """Wait until every shard batch `batch` reads is fetched; raise the error a failed fetch of one of them raised."""

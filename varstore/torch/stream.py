@@ -315,13 +315,15 @@ class RecordStream(EpochPosition, IterableDataset):
     views (`default_collate` would hand them to torch as they are, with a warning).
 
     `path` may be a URL of object storage (see `varstore.open`), with `storage_options`, `cache_dir` and
-    `cache_limit`; the order is the same as for a local copy. Each worker runs a thread ahead of its
+    `cache_limit`; the order is the same as for a local copy. Each worker runs threads ahead of its
     batches, and a failed fetch is raised (the same exception) by the first batch that needs it;
-    closing or dropping the iterator stops the thread.
+    closing or dropping the iterator stops the threads.
 
-    - ``shuffle=False``: the thread fetches whole shards into the node cache, at most two beyond those
-      the batches have started on, and a shard is released after its last batch, so that the cache can
-      evict it under `cache_limit`. Each data object is downloaded once per node.
+    - ``shuffle=False`` (and ``shuffle=True`` when the node cache can hold the whole dataset): threads fetch
+      whole shards into the node cache in the order the batches first read them, up to
+      `SHARD_FETCHES_AT_ONCE` at once and at most two beyond those the batches have started on, so the next
+      shards arrive while the current one is served; a shard is released after its last batch, so that the
+      cache can evict it under `cache_limit`. Each data object is downloaded once per node.
     - ``shuffle=True``: a window's records come from up to ``shuffle_window / block_size`` blocks
       anywhere in the dataset, so whole shards would stay needed until the end of the epoch. Instead
       the thread reads the worker's records of the next window while its batches consume the current
