@@ -625,7 +625,11 @@ class _CachedData:
         self._map = data_map
         self._data_path = data_path
         self._buffer = shard_buffer(index, data_map)
-        self._slicer = record_slicer(index, data_map)
+        slicer = record_slicer(index, data_map)
+        if slicer is not None and not hasattr(slicer, "get_batch"):  # a compressed shard's: single reads only
+            slicer.release()
+            slicer = None
+        self._slicer = slicer
 
     def _checked_ranges(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[int], list[int]]:
         """(starts, ends) of the records at `indices`, checked against the index and their CRC32Cs, and both as lists."""
